@@ -1,0 +1,24 @@
+"""angelspec_hf: AngelSpec speculative decoding as Hugging Face models.
+
+Importing the package registers the drafters with the transformers Auto classes and routes
+`target.generate(input_ids, assistant_model=drafter)` to the AngelSpec candidate generator.
+"""
+
+from .generation import install as _install_generation
+from .generation import speculative_generate
+from .metrics import SpeculationStats
+from .models import AngelSpecMTPConfig, AngelSpecMTPDrafter
+from .targets import load_target, tokenizer_fingerprint
+
+_install_generation()
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AngelSpecMTPConfig",
+    "AngelSpecMTPDrafter",
+    "SpeculationStats",
+    "load_target",
+    "speculative_generate",
+    "tokenizer_fingerprint",
+]

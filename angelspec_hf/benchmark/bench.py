@@ -1,0 +1,180 @@
+"""`angelspec bench`: plain greedy decoding vs speculative decoding with each drafter, same prompts, same process.
+
+For every prompt the methods run back to back (AR first), so machine state drifts equally for all of them.
+Each method reports τ, acceptance by depth, tokens/s, speedup over AR and the share of prompts whose output is
+identical to AR. A divergence is counted as a near-tie when the AR top-2 logit gap at the first differing position
+is below `NEAR_TIE_GAP` (fp32 reductions in a different shape may flip such a tie; nothing else may differ).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+
+import torch
+import transformers
+from tqdm.auto import tqdm
+
+from ..metrics import SpeculationStats
+from ..prompts import encode_chat, load_prompts
+
+NEAR_TIE_GAP = 1e-3
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default="smollm2", help="target model (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--drafter", action="append", default=[], help="drafter folder; repeat for several")
+    parser.add_argument("--prompts", default="mt_bench", help="prompt set name or JSONL file (`prompt` or `turns`)")
+    parser.add_argument("--data-dir", default=None, help="local prompt folder (default ../shared/data)")
+    parser.add_argument("--limit", type=int, default=None, help="first N prompts")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--num-draft-tokens", type=int, default=None, help="override each drafter's tokens per round")
+    parser.add_argument("--output", default=None, help="write results as JSON here")
+
+
+@dataclass
+class MethodResult:
+    name: str
+    drafter: str | None = None
+    seconds: float = 0.0
+    new_tokens: int = 0
+    identical: int = 0
+    divergences: int = 0
+    near_tie_divergences: int = 0
+    prompts: int = 0
+    stats: SpeculationStats = field(default_factory=SpeculationStats)
+
+    def to_dict(self, ar_tokens_per_s: float) -> dict:
+        tokens_per_s = self.new_tokens / self.seconds if self.seconds else 0.0
+        return {
+            "name": self.name,
+            "drafter": self.drafter,
+            "tau": self.stats.tau if self.stats.drafted else 1.0,
+            "acceptance_by_depth": self.stats.acceptance_by_depth(),
+            "tokens_per_s": tokens_per_s,
+            "speedup": tokens_per_s / ar_tokens_per_s if ar_tokens_per_s else 0.0,
+            "identical_fraction": self.identical / self.prompts if self.prompts else 0.0,
+            "divergences": self.divergences,
+            "near_tie_divergences": self.near_tie_divergences,
+            "new_tokens": self.new_tokens,
+            "seconds": self.seconds,
+            "prompts": self.prompts,
+        }
+
+
+@torch.no_grad()
+def top2_gap(target, sequence: torch.Tensor, position: int) -> float:
+    """AR top-2 logit gap for the token at `position` of `sequence` (its logits come from position - 1)."""
+    logits = target(sequence[:, :position]).logits[0, -1].float()
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
+
+
+def _timed_generate(target, input_ids, **kwargs) -> tuple[torch.Tensor, float]:
+    start = time.perf_counter()
+    output = target.generate(input_ids, do_sample=False, **kwargs)
+    return output, time.perf_counter() - start
+
+
+def run_benchmark(
+    target, tokenizer, drafters: dict[str, torch.nn.Module], prompts: list[str], max_new_tokens: int,
+    num_draft_tokens: int | None = None,
+) -> dict:
+    """Run AR and every drafter on `prompts`; return the JSON-ready results."""
+    for drafter in drafters.values():
+        drafter.bind_target(target, tokenizer)
+        if num_draft_tokens is not None:
+            drafter.generation_config.num_assistant_tokens = num_draft_tokens
+    encoded = [torch.tensor([encode_chat(tokenizer, prompt)]) for prompt in prompts]
+    results = {"ar": MethodResult("ar")}
+    results.update({name: MethodResult(f"mtp:{name}" if name else "mtp", drafter=name) for name in drafters})
+    stop = {"max_new_tokens": max_new_tokens, "min_new_tokens": 0}
+    if encoded:  # warm-up: first calls pay for allocations and kernel selection
+        _timed_generate(target, encoded[0], max_new_tokens=4)
+        for drafter in drafters.values():
+            _timed_generate(target, encoded[0], max_new_tokens=4, assistant_model=drafter)
+    for input_ids in tqdm(encoded, desc="bench", unit="prompt"):
+        reference, seconds = _timed_generate(target, input_ids, **stop)
+        _record(results["ar"], reference, input_ids, seconds)
+        results["ar"].identical += 1
+        for name, drafter in drafters.items():
+            output, seconds = _timed_generate(target, input_ids, assistant_model=drafter, **stop)
+            result = results[name]
+            _record(result, output, input_ids, seconds)
+            result.stats = result.stats + drafter.speculation_stats
+            if torch.equal(output, reference):
+                result.identical += 1
+            else:
+                result.divergences += 1
+                length = min(output.shape[1], reference.shape[1])
+                differing = (output[0, :length] != reference[0, :length]).nonzero()
+                position = int(differing[0]) if len(differing) else length
+                if position < reference.shape[1] and top2_gap(target, reference, position) < NEAR_TIE_GAP:
+                    result.near_tie_divergences += 1
+    ar = results["ar"]
+    ar_tokens_per_s = ar.new_tokens / ar.seconds if ar.seconds else 0.0
+    return {
+        "machine": machine_state(),
+        "target": getattr(target.config, "name_or_path", None),
+        "max_new_tokens": max_new_tokens,
+        "num_prompts": len(prompts),
+        "methods": [result.to_dict(ar_tokens_per_s) for result in results.values()],
+    }
+
+
+def _record(result: MethodResult, output: torch.Tensor, input_ids: torch.Tensor, seconds: float) -> None:
+    result.seconds += seconds
+    result.new_tokens += output.shape[1] - input_ids.shape[1]
+    result.prompts += 1
+
+
+def machine_state() -> dict:
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+    }
+
+
+def format_table(results: dict) -> str:
+    header = f"{'method':<28} {'tau':>6} {'tok/s':>8} {'speedup':>8} {'identical':>9}  acceptance by depth"
+    lines = [header, "-" * len(header)]
+    for method in results["methods"]:
+        depths = " ".join(f"{rate:.2f}" for rate in method["acceptance_by_depth"])
+        lines.append(
+            f"{method['name']:<28} {method['tau']:>6.2f} {method['tokens_per_s']:>8.2f} {method['speedup']:>7.2f}x "
+            f"{method['identical_fraction']:>9.0%}  {depths}"
+        )
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> dict:
+    from transformers import AutoModel
+
+    from ..targets import load_target
+
+    target = load_target(args.target)
+    drafters = {}
+    for path in args.drafter:
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"Drafter folder not found: {path}")
+        drafters[os.path.basename(os.path.normpath(path))] = AutoModel.from_pretrained(path).eval()
+    prompts = [row["prompt"] for row in load_prompts(args.prompts, data_dir=args.data_dir, limit=args.limit)]
+    results = run_benchmark(target.model, target.tokenizer, drafters, prompts, args.max_new_tokens, args.num_draft_tokens)
+    results["prompts"] = args.prompts
+    results["command"] = "angelspec bench " + " ".join(
+        f"--drafter {d}" for d in args.drafter
+    ) + f" --prompts {args.prompts} --limit {args.limit} --max-new-tokens {args.max_new_tokens}"
+    print(format_table(results))
+    if args.output:
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+        with open(args.output, "w") as handle:
+            json.dump(results, handle, indent=2)
+    return results

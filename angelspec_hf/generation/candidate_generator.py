@@ -1,0 +1,99 @@
+"""The candidate generator that plugs AngelSpec drafters into `target.generate(assistant_model=drafter)`.
+
+transformers' `_assisted_decoding` owns the draft-verify loop (verification, rejection sampling, cache crop, EOS,
+stopping criteria, streamer); this generator only drafts. It declares `requires_model_outputs`, so every call gets
+the previous target forward, whose hidden states (the indices the drafter asks for, no extra compute) condition
+the next draft.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.generation.candidate_generator import CandidateGenerator
+from transformers.generation.stopping_criteria import StopStringCriteria
+
+from ..metrics import SpeculationStats
+
+
+class AngelSpecCandidateGenerator(CandidateGenerator):
+    """Drafts `num_assistant_tokens` tokens per round with an AngelSpec drafter bound to the target.
+
+    Bookkeeping: the target forward of each round starts at the first position without a target hidden state, so
+    the first `len(input_ids) - 1 - num_seen` rows of its hidden states are the newly verified ones.
+    """
+
+    requires_model_outputs = True
+
+    def __init__(self, target, drafter, generation_config, input_ids: torch.LongTensor, tokenizer=None):
+        if input_ids.shape[0] != 1:
+            raise ValueError(
+                f"generate(assistant_model=<AngelSpec drafter>) decodes one sequence at a time, got a batch of "
+                f"{input_ids.shape[0]}: call generate() once per sequence."
+            )
+        if input_ids.shape[1] == 0:
+            raise ValueError("Empty prompt: speculative decoding needs at least one input token.")
+        context = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+        if context is not None and generation_config.max_length > context:
+            raise ValueError(
+                f"Prompt ({input_ids.shape[1]} tokens) plus max_new_tokens needs {generation_config.max_length} "
+                f"positions, beyond the target's context of {context}."
+            )
+        drafter.bind_target(target, tokenizer)
+        self.drafter = drafter
+        self.hidden_indices = drafter.target_hidden_state_indices()
+        self.model_kwargs_overrides = {"output_hidden_states": self.hidden_indices}
+        self.num_tokens = int(drafter.generation_config.num_assistant_tokens)
+        self.max_length = generation_config.max_length
+        self.do_sample = generation_config.do_sample
+        self.temperature = (generation_config.temperature or 1.0) if self.do_sample else 1.0
+        self.stop_strings = (
+            StopStringCriteria(tokenizer, generation_config.stop_strings)
+            if generation_config.stop_strings and tokenizer is not None
+            else None
+        )
+        self.state = drafter.new_draft_state()
+        self.num_seen = 0
+        self.num_drafted = 0
+        self.stats = SpeculationStats()
+        drafter.speculation_stats = self.stats
+
+    def choose(self, logits: torch.Tensor) -> torch.LongTensor:
+        """Greedy: argmax. Sampling: draw from q = softmax(logits / T), the q reported to rejection sampling."""
+        if not self.do_sample:
+            return logits.argmax(-1)
+        return torch.multinomial((logits.float() / self.temperature).softmax(-1), 1)[:, 0]
+
+    def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, **kwargs):
+        if is_first_iteration:  # let the target prefill first: its hidden states condition the first draft
+            return input_ids, None
+        length = input_ids.shape[1]
+        num_new = length - 1 - self.num_seen
+        hidden = tuple(model_outputs.hidden_states[i][:, :num_new] for i in self.hidden_indices)
+        new_tokens = input_ids[:, self.num_seen + 1 :]
+        self.num_seen = length - 1
+        self.num_drafted = max(0, min(self.num_tokens, self.max_length - length - 1))
+        draft_ids, draft_logits = self.drafter.propose(self.state, hidden, new_tokens, self.num_drafted, self.choose)
+        draft_ids = self.cut_before_stop_string(input_ids, draft_ids)
+        draft_logits = draft_logits[:, : draft_ids.shape[1]]
+        self.num_drafted = draft_ids.shape[1]
+        candidates = torch.cat([input_ids, draft_ids], dim=1)
+        if not self.do_sample or self.num_drafted == 0:
+            return candidates, None
+        return candidates, self.drafter.to_target_logits(draft_logits.float() / self.temperature)
+
+    def cut_before_stop_string(self, input_ids: torch.LongTensor, draft_ids: torch.LongTensor) -> torch.LongTensor:
+        """Drop drafts from the first one that would complete a stop string.
+
+        transformers' loop checks stopping criteria only at the end of a round, so a stop string completed inside
+        the accepted drafts would be overrun. Cut here, the completing token can only be the round's bonus token,
+        the last one, where the loop stops exactly as plain decoding does.
+        """
+        if self.stop_strings is None:
+            return draft_ids
+        for count in range(draft_ids.shape[1]):
+            if self.stop_strings(torch.cat([input_ids, draft_ids[:, : count + 1]], dim=1), None).any():
+                return draft_ids[:, :count]
+        return draft_ids
+
+    def update_candidate_strategy(self, input_ids, scores, num_matches):
+        self.stats.record_round(drafted=self.num_drafted, accepted=int(num_matches))

@@ -1,0 +1,55 @@
+"""Acceptance metrics of speculative decoding, shared by generation, the Trainer callback and the benchmark.
+
+τ (mean acceptance length) is tokens produced per target forward, the bonus token included, so plain decoding has
+τ = 1. Acceptance at depth k is the rate at which the k-th draft token is accepted when it was drafted and every
+earlier one was accepted (the per-position acceptance of EAGLE and Spec-Bench).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpeculationStats:
+    """Per-round record of drafted and accepted token counts; add two stats to pool them."""
+
+    drafted: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+    def record_round(self, drafted: int, accepted: int) -> None:
+        self.drafted.append(drafted)
+        self.accepted.append(accepted)
+
+    def __add__(self, other: "SpeculationStats") -> "SpeculationStats":
+        return SpeculationStats(self.drafted + other.drafted, self.accepted + other.accepted)
+
+    @property
+    def target_forwards(self) -> int:
+        return len(self.drafted)
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.accepted) + len(self.accepted)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per target forward, bonus included."""
+        return self.tokens / self.target_forwards if self.drafted else 0.0
+
+    def acceptance_by_depth(self) -> list[float]:
+        """Acceptance rate of draft position k (1-based), given positions 1..k-1 were accepted."""
+        rates = []
+        for depth in range(1, max(self.drafted, default=0) + 1):
+            tried = sum(1 for d, a in zip(self.drafted, self.accepted) if d >= depth and a >= depth - 1)
+            passed = sum(1 for d, a in zip(self.drafted, self.accepted) if d >= depth and a >= depth)
+            rates.append(passed / tried if tried else 0.0)
+        return rates
+
+    def summary(self) -> dict:
+        return {
+            "tau": self.tau,
+            "acceptance_by_depth": self.acceptance_by_depth(),
+            "target_forwards": self.target_forwards,
+            "tokens": self.tokens,
+        }

@@ -1,0 +1,22 @@
+"""Drafter families. Each registers with the transformers Auto classes, so `AutoModel.from_pretrained(dir)` loads it."""
+
+from transformers import AutoConfig, AutoModel
+
+from .base import AngelSpecDrafterConfig, AngelSpecDrafterPreTrainedModel
+from .mtp import AngelSpecMTPConfig, AngelSpecMTPDrafter
+
+DRAFTER_CLASSES = {
+    AngelSpecMTPConfig.model_type: (AngelSpecMTPConfig, AngelSpecMTPDrafter),
+}
+
+for _config_class, _model_class in DRAFTER_CLASSES.values():
+    AutoConfig.register(_config_class.model_type, _config_class, exist_ok=True)
+    AutoModel.register(_config_class, _model_class, exist_ok=True)
+
+__all__ = [
+    "AngelSpecDrafterConfig",
+    "AngelSpecDrafterPreTrainedModel",
+    "AngelSpecMTPConfig",
+    "AngelSpecMTPDrafter",
+    "DRAFTER_CLASSES",
+]

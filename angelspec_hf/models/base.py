@@ -1,0 +1,241 @@
+"""What every AngelSpec drafter shares: its binding to a target, the reduced draft vocabulary, family layers.
+
+A drafter reuses the target's token embedding and lm_head (frozen, never copied into its checkpoint) and builds
+its own layers from the target's transformers family (Llama, Qwen2/3, Mistral, ...), so a drafter for a new family
+needs no new layer code. Concrete drafters (MTP, DFly) subclass `AngelSpecDrafterConfig` and
+`AngelSpecDrafterPreTrainedModel`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import AutoConfig, GenerationConfig, PretrainedConfig, PreTrainedModel
+
+# Config keys of a target that describe its weights or provenance, not the shape of a layer.
+_NON_LAYER_KEYS = (
+    "architectures", "auto_map", "quantization_config", "_name_or_path", "name_or_path", "transformers_version",
+    "layer_types", "dtype", "torch_dtype", "output_hidden_states", "_attn_implementation_autoset",
+)
+
+
+@dataclass(frozen=True)
+class FamilyClasses:
+    """The transformers building blocks of one model family, e.g. `LlamaDecoderLayer`, `LlamaRMSNorm`."""
+
+    decoder_layer: type[nn.Module]
+    rms_norm: type[nn.Module]
+    rotary_embedding: type[nn.Module]
+
+
+def family_classes(model_type: str) -> FamilyClasses:
+    """Look up the decoder layer, RMSNorm and rotary embedding classes of a transformers model family."""
+    try:
+        module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    except ImportError as error:
+        raise ValueError(f"No transformers modeling file for model type {model_type!r}") from error
+    layer_names = [name for name in dir(module) if name.endswith("DecoderLayer")]
+    if len(layer_names) != 1:
+        raise ValueError(f"Cannot find a single decoder layer class for model type {model_type!r}: {layer_names}")
+    prefix = layer_names[0][: -len("DecoderLayer")]
+    try:
+        return FamilyClasses(
+            getattr(module, layer_names[0]), getattr(module, f"{prefix}RMSNorm"), getattr(module, f"{prefix}RotaryEmbedding")
+        )
+    except AttributeError as error:
+        raise ValueError(f"Model type {model_type!r} has no RMSNorm / rotary embedding to build a drafter from") from error
+
+
+def embedding_probe(embedding: torch.Tensor) -> list[float]:
+    """Row sums of a few fixed rows of the target embedding: tells two same-shaped targets apart."""
+    rows = torch.linspace(0, embedding.shape[0] - 1, 8).long()
+    return [round(value, 4) for value in embedding.detach()[rows].float().sum(-1).tolist()]
+
+
+class AngelSpecDrafterConfig(PretrainedConfig):
+    r"""
+    Fields every drafter has.
+
+    Args:
+        target_config (`dict`): the target's text config (its family and layer shapes); draft layers are built from it.
+        target_name_or_path (`str`): the target the drafter was trained for (Hub id or path), for the record.
+        target_tokenizer_fingerprint (`str`): `angelspec_hf.targets.tokenizer_fingerprint` of the target tokenizer.
+        target_embedding_probe (`list[float]`): `embedding_probe` of the target embedding, checked when binding.
+        draft_vocab_size (`int`, *optional*): size of the reduced draft vocabulary (EAGLE-3's d2t); `None` drafts
+            over the full target vocabulary with the target's own lm_head.
+    """
+
+    def __init__(
+        self,
+        target_config: dict | None = None,
+        target_name_or_path: str | None = None,
+        target_tokenizer_fingerprint: str | None = None,
+        target_embedding_probe: list[float] | None = None,
+        draft_vocab_size: int | None = None,
+        **kwargs,
+    ):
+        self.target_config = {k: v for k, v in (target_config or {}).items() if k not in _NON_LAYER_KEYS}
+        self.target_name_or_path = target_name_or_path
+        self.target_tokenizer_fingerprint = target_tokenizer_fingerprint
+        self.target_embedding_probe = target_embedding_probe
+        self.draft_vocab_size = draft_vocab_size
+        # Mirrored from the target: generate() compares vocab sizes, and layers read these.
+        self.hidden_size = self.target_config.get("hidden_size")
+        self.vocab_size = self.target_config.get("vocab_size")
+        self.target_model_type = self.target_config.get("model_type")
+        self.target_num_hidden_layers = self.target_config.get("num_hidden_layers")
+        self.initializer_range = self.target_config.get("initializer_range", 0.02)
+        kwargs.setdefault("tie_word_embeddings", False)
+        super().__init__(**kwargs)
+
+    def draft_layer_config(self, num_layers: int = 1) -> PretrainedConfig:
+        """A config of the target's family shaped for `num_layers` draft layers (sdpa attention, no sliding window)."""
+        values = dict(self.target_config)
+        model_type = values.pop("model_type")
+        values.update(num_hidden_layers=num_layers, use_sliding_window=False, sliding_window=None)
+        layer_config = AutoConfig.for_model(model_type, **values)
+        layer_config._attn_implementation = "sdpa"
+        return layer_config
+
+
+class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
+    """Base class: binding to the target's frozen embedding and lm_head, and the (reduced) draft vocabulary head."""
+
+    config_class = AngelSpecDrafterConfig
+    base_model_prefix = "drafter"
+    main_input_name = "input_ids"
+    _supports_sdpa = True
+
+    def __init__(self, config: AngelSpecDrafterConfig):
+        super().__init__(config)
+        if config.draft_vocab_size:
+            # EAGLE-3-style reduced vocabulary: own small head over the most frequent target tokens.
+            self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+            self.register_buffer("draft_to_target", torch.arange(config.draft_vocab_size), persistent=True)
+        else:
+            self.lm_head = None
+            self.draft_to_target = None
+        self._target_embed_tokens = None
+        self._target_lm_head = None
+        # generate() reads drafting settings from the assistant's generation config, as for any assistant model.
+        self.generation_config = GenerationConfig(num_assistant_tokens=self.default_num_draft_tokens())
+
+    def default_num_draft_tokens(self) -> int:
+        """Draft tokens per round unless `generation_config.num_assistant_tokens` says otherwise."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_target(cls, target: PreTrainedModel, tokenizer=None, **config_kwargs) -> "AngelSpecDrafterPreTrainedModel":
+        """A freshly initialised drafter for `target`, bound to it and recording what it was built for."""
+        from ..targets import tokenizer_fingerprint
+
+        config = cls.config_class(
+            target_config=cls.target_config_dict(target),
+            target_name_or_path=getattr(target.config, "name_or_path", None),
+            target_tokenizer_fingerprint=tokenizer_fingerprint(tokenizer) if tokenizer is not None else None,
+            target_embedding_probe=embedding_probe(target.get_input_embeddings().weight),
+            **config_kwargs,
+        )
+        drafter = cls(config).to(dtype=target.dtype, device=target.device)
+        return drafter.bind_target(target, tokenizer)
+
+    # -- target binding -------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def target_config_dict(target: PreTrainedModel) -> dict:
+        return target.config.get_text_config().to_dict()
+
+    def check_target(self, target: PreTrainedModel, tokenizer=None) -> None:
+        """Raise `ValueError` naming the mismatch if `target` (and `tokenizer`) are not what this drafter was trained for."""
+        expected, found = self.config.target_config, self.target_config_dict(target)
+        problems = [
+            f"{key}: drafter expects {expected.get(key)!r}, target has {found.get(key)!r}"
+            for key in ("model_type", "hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads")
+            if expected.get(key) != found.get(key)
+        ]
+        probe = self.config.target_embedding_probe
+        if not problems and probe is not None:
+            found_probe = embedding_probe(target.get_input_embeddings().weight)
+            if not torch.allclose(torch.tensor(probe), torch.tensor(found_probe), rtol=1e-2, atol=1e-2):
+                problems.append("the target's token embedding differs from the one the drafter was trained with")
+        if tokenizer is not None and self.config.target_tokenizer_fingerprint is not None:
+            from ..targets import tokenizer_fingerprint
+
+            if tokenizer_fingerprint(tokenizer) != self.config.target_tokenizer_fingerprint:
+                problems.append("the tokenizer differs from the target tokenizer the drafter was trained with")
+        if problems:
+            raise ValueError(
+                f"Drafter trained for {self.config.target_name_or_path!r} does not match the target "
+                f"{getattr(target.config, 'name_or_path', '?')!r}: " + "; ".join(problems)
+            )
+
+    def bind_target(self, target: PreTrainedModel, tokenizer=None) -> "AngelSpecDrafterPreTrainedModel":
+        """Check `target` and share its embedding and lm_head (frozen, not registered: never saved with the drafter)."""
+        self.check_target(target, tokenizer)
+        self._target_embed_tokens = target.get_input_embeddings()
+        self._target_lm_head = target.get_output_embeddings()
+        return self
+
+    @property
+    def is_bound(self) -> bool:
+        return self._target_embed_tokens is not None
+
+    def __setattr__(self, name, value):
+        # Target modules are borrowed, not owned: keep them out of `_modules` (state dict, DDP, `.to`).
+        if name in ("_target_embed_tokens", "_target_lm_head"):
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
+    def _require_target(self):
+        if self._target_embed_tokens is None:
+            raise RuntimeError(
+                f"{type(self).__name__} is not bound to a target: call `drafter.bind_target(target)` first "
+                "(generate(assistant_model=drafter) does this for you)."
+            )
+
+    def embed_tokens(self, input_ids: torch.LongTensor) -> torch.Tensor:
+        """E(x): the target's frozen token embedding."""
+        self._require_target()
+        return self._target_embed_tokens(input_ids)
+
+    # -- draft vocabulary -----------------------------------------------------------------------------------------
+
+    def draft_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary (the full target vocabulary when no reduced vocabulary is configured)."""
+        if self.lm_head is not None:
+            return self.lm_head(hidden_states)
+        self._require_target()
+        return self._target_lm_head(hidden_states)
+
+    def target_head_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The target's lm_head restricted to the draft vocabulary: the teacher in distillation."""
+        self._require_target()
+        weight = self._target_lm_head.weight
+        if self.draft_to_target is not None:
+            weight = weight[self.draft_to_target]
+        return hidden_states @ weight.T
+
+    def to_target_ids(self, draft_ids: torch.LongTensor) -> torch.LongTensor:
+        return draft_ids if self.draft_to_target is None else self.draft_to_target[draft_ids]
+
+    def to_target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Scatter draft-vocabulary logits into the full vocabulary (tokens outside it get -inf, probability 0)."""
+        if self.draft_to_target is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.draft_to_target, logits)
+
+    @torch.no_grad()
+    def init_draft_vocab(self, token_counts: torch.Tensor, always_keep: list[int] = ()) -> None:
+        """Choose the `draft_vocab_size` most frequent target tokens (plus `always_keep`, e.g. EOS) and initialise
+        the draft head from the target's lm_head rows of those tokens."""
+        self._require_target()
+        counts = token_counts.double().clone()
+        counts[list(always_keep)] = float("inf")
+        chosen = torch.topk(counts, self.config.draft_vocab_size).indices.sort().values
+        self.draft_to_target.copy_(chosen)
+        self.lm_head.weight.copy_(self._target_lm_head.weight[chosen])

@@ -1,0 +1,42 @@
+"""Tiny random targets of several architectures, and the real SmolLM2 tokenizer (no weights needed)."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+
+import angelspec_hf  # noqa: E402,F401  (registers drafters, routes generate)
+
+ARCHITECTURES = ["llama", "qwen2", "qwen3", "mistral"]
+
+
+def make_target(model_type: str = "llama", vocab_size: int = 96, seed: int = 0, dtype=torch.float64, **overrides):
+    """A tiny random causal LM of `model_type`, in eval mode, frozen."""
+    values = dict(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=0, eos_token_id=vocab_size - 1,
+        pad_token_id=vocab_size - 1, tie_word_embeddings=False,
+    )
+    values.update(overrides)
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(model_type, **values)
+    model = AutoModelForCausalLM.from_config(config).to(dtype).eval().requires_grad_(False)
+    model.config.name_or_path = f"tiny-{model_type}-{seed}"
+    # Random weights are nearly flat: sharpen the output so greedy decoding has clear winners, as a real LM does.
+    model.lm_head.weight.mul_(8.0)
+    return model
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(tmp_path_factory):
+    """The real SmolLM2 tokenizer (chat template included), read from the embedded GGUF and saved once."""
+    from transformers import AutoTokenizer
+
+    from angelspec_hf.targets import SMOLLM2_GGUF_FILE, smollm2_directory
+
+    directory = tmp_path_factory.mktemp("smollm2_tokenizer")
+    AutoTokenizer.from_pretrained(smollm2_directory(), gguf_file=SMOLLM2_GGUF_FILE).save_pretrained(directory)
+    return AutoTokenizer.from_pretrained(directory)

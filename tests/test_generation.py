@@ -1,0 +1,205 @@
+"""Speculative decoding through `target.generate(assistant_model=drafter)` is lossless."""
+
+import random
+
+import pytest
+import torch
+import transformers
+from conftest import ARCHITECTURES, make_target
+from scipy.stats import chisquare
+from transformers import TextIteratorStreamer
+from transformers.generation.candidate_generator import AssistedCandidateGenerator, PromptLookupCandidateGenerator
+from transformers.generation.utils import GenerationMixin
+
+import angelspec_hf
+from angelspec_hf import AngelSpecMTPDrafter
+
+
+class OracleMTPDrafter(AngelSpecMTPDrafter):
+    """Runs the real drafting (and its cache bookkeeping), then makes a random number of the drafts correct, so
+    rounds end with full, partial and no acceptance."""
+
+    reference: torch.Tensor
+    rng: random.Random
+    last_state = None
+
+    def propose(self, state, target_hidden, new_token_ids, num_tokens, choose):
+        draft_ids, draft_logits = super().propose(state, target_hidden, new_token_ids, num_tokens, choose)
+        self.last_state = state
+        length = state.num_verified + 1
+        correct = self.reference[0, length : length + self.rng.randint(0, num_tokens)]
+        draft_ids[0, : correct.numel()] = correct
+        return draft_ids, draft_logits
+
+
+def random_prompt(length, vocab_size, seed):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size - 1, (1, length), generator=generator)
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_greedy_output_equals_plain_decoding_for_every_architecture(model_type):
+    target = make_target(model_type)
+    drafter = OracleMTPDrafter.from_target(target, num_depths=3, draft_vocab_size=48)
+    drafter.rng = random.Random(0)
+    accepted = 0
+    for seed, (prompt_length, new_tokens) in enumerate([(1, 17), (5, 40), (23, 64), (3, 2), (60, 31), (9, 1)]):
+        prompt = random_prompt(prompt_length, target.config.vocab_size, seed)
+        reference = target.generate(prompt, max_new_tokens=new_tokens, do_sample=False)
+        drafter.reference = reference
+        output = target.generate(prompt, max_new_tokens=new_tokens, do_sample=False, assistant_model=drafter)
+        assert torch.equal(output, reference), f"{model_type}: prompt {seed} diverged"
+        accepted += sum(drafter.speculation_stats.accepted)
+    assert accepted > 20, "the oracle should have made many drafts acceptable"
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_untrained_drafter_is_still_lossless_with_full_vocabulary(model_type):
+    target = make_target(model_type, seed=3)
+    drafter = AngelSpecMTPDrafter.from_target(target, num_depths=2)
+    for seed in range(4):
+        prompt = random_prompt(4 + 5 * seed, target.config.vocab_size, seed)
+        reference = target.generate(prompt, max_new_tokens=25, do_sample=False)
+        output = target.generate(prompt, max_new_tokens=25, do_sample=False, assistant_model=drafter)
+        assert torch.equal(output, reference)
+
+
+def test_draft_cache_holds_exactly_the_verified_prefix():
+    """After a generation with mixed acceptance, the incremental draft cache equals one forward over the sequence."""
+    target = make_target("llama", seed=5)
+    drafter = OracleMTPDrafter.from_target(target, num_depths=3)
+    drafter.rng = random.Random(1)
+    prompt = random_prompt(11, target.config.vocab_size, 7)
+    drafter.reference = target.generate(prompt, max_new_tokens=40, do_sample=False)
+    sequence = target.generate(prompt, max_new_tokens=40, do_sample=False, assistant_model=drafter)
+    state = drafter.last_state
+    verified = state.num_verified
+    hidden = target(sequence, output_hidden_states=True).hidden_states[-1]
+    positions = torch.arange(1, verified + 1)[None]
+    fresh = drafter.step(hidden[:, :verified], sequence[:, 1 : verified + 1], positions, use_cache=True)
+    incremental_keys = state.cache.layers[0].keys[:, :, :verified]
+    torch.testing.assert_close(incremental_keys, fresh.past_key_values.layers[0].keys)
+
+
+def test_custom_generate_entry_point_matches_assistant_model():
+    target = make_target("qwen2", seed=2)
+    drafter = AngelSpecMTPDrafter.from_target(target, num_depths=3, draft_vocab_size=40)
+    prompt = random_prompt(8, target.config.vocab_size, 1)
+    via_assistant = target.generate(prompt, max_new_tokens=30, do_sample=False, assistant_model=drafter)
+    via_custom = target.generate(
+        prompt, max_new_tokens=30, do_sample=False, custom_generate=angelspec_hf.speculative_generate, drafter=drafter
+    )
+    assert torch.equal(via_assistant, via_custom)
+    assert torch.equal(via_assistant, target.generate(prompt, max_new_tokens=30, do_sample=False))
+
+
+def test_sampling_preserves_the_target_distribution():
+    """Joint law of the first three sampled tokens vs the exact target law (chi-square)."""
+    vocab = 5
+    target = make_target("llama", vocab_size=vocab, seed=11, eos_token_id=None, pad_token_id=None)
+    target.lm_head.weight.div_(4.0)  # moderately peaked: many cells have mass
+    drafter = AngelSpecMTPDrafter.from_target(target, num_depths=2, draft_vocab_size=4)
+    prompt = torch.tensor([[1, 2, 3]])
+    exact = torch.zeros(vocab, vocab, vocab, dtype=torch.float64)
+    p1 = target(prompt).logits[0, -1].softmax(-1)
+    for a in range(vocab):
+        p2 = target(torch.tensor([[1, 2, 3, a]])).logits[0, -1].softmax(-1)
+        for b in range(vocab):
+            p3 = target(torch.tensor([[1, 2, 3, a, b]])).logits[0, -1].softmax(-1)
+            exact[a, b] = p1[a] * p2[b] * p3
+    torch.manual_seed(0)
+    counts = torch.zeros_like(exact)
+    samples, drafted = 1500, 0
+    for _ in range(samples):
+        output = target.generate(
+            prompt, max_new_tokens=4, do_sample=True, top_k=0, top_p=1.0, temperature=1.0, assistant_model=drafter
+        )
+        a, b, c = output[0, 3:6].tolist()
+        counts[a, b, c] += 1
+        drafted += sum(drafter.speculation_stats.drafted)
+    assert drafted > samples, "drafts must have been verified by rejection sampling"
+    expected = exact.flatten() * samples
+    observed = counts.flatten()
+    keep = expected >= 5  # chi-square needs enough expected mass per cell; pool the rest into one cell
+    observed = torch.cat([observed[keep], observed[~keep].sum()[None]])
+    expected = torch.cat([expected[keep], expected[~keep].sum()[None]])
+    assert chisquare(observed.numpy(), expected.numpy()).pvalue > 1e-3
+
+
+def test_eos_max_new_tokens_and_return_dict_behave_as_plain_generate():
+    target = make_target("mistral", seed=4)
+    drafter = OracleMTPDrafter.from_target(target, num_depths=3)
+    drafter.rng = random.Random(2)
+    prompt = random_prompt(6, target.config.vocab_size, 3)
+    free_run = target.generate(prompt, max_new_tokens=30, do_sample=False, eos_token_id=None)
+    eos = int(free_run[0, 6 + 12])  # a token the target emits mid-way becomes EOS
+    kwargs = dict(max_new_tokens=30, do_sample=False, eos_token_id=eos, return_dict_in_generate=True, output_scores=True)
+    reference = target.generate(prompt, **kwargs)
+    drafter.reference = free_run
+    output = target.generate(prompt, assistant_model=drafter, **kwargs)
+    assert torch.equal(output.sequences, reference.sequences)
+    assert output.sequences[0, -1] == eos and output.sequences.shape[1] <= 6 + 13
+    assert len(output.scores) == len(reference.scores)
+    for ours, theirs in zip(output.scores, reference.scores):
+        torch.testing.assert_close(ours, theirs.to(ours.dtype))
+
+
+def test_stop_strings_and_streamer_behave_as_plain_generate(smollm2_tokenizer):
+    tokenizer = smollm2_tokenizer
+    target = make_target("llama", vocab_size=len(tokenizer), seed=8, eos_token_id=None, pad_token_id=None)
+    target.lm_head.weight.div_(8.0)
+    drafter = OracleMTPDrafter.from_target(target, tokenizer, num_depths=3, draft_vocab_size=512)
+    drafter.rng = random.Random(3)
+    prompt = torch.tensor([tokenizer("The quick brown fox")["input_ids"]])
+    free_run = target.generate(prompt, max_new_tokens=40, do_sample=False)
+    text = tokenizer.decode(free_run[0, prompt.shape[1] :])
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    kwargs = dict(max_new_tokens=40, do_sample=False, stop_strings=[stop], tokenizer=tokenizer)
+    reference = target.generate(prompt, **kwargs)
+    drafter.reference = free_run
+    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True)
+    output = target.generate(prompt, assistant_model=drafter, streamer=streamer, **kwargs)
+    assert torch.equal(output, reference)
+    assert reference.shape[1] < free_run.shape[1], "the stop string must have ended generation early"
+    assert "".join(streamer) == tokenizer.decode(output[0, prompt.shape[1] :])
+
+
+def test_batch_of_several_sequences_is_refused_with_guidance():
+    target = make_target("llama")
+    drafter = AngelSpecMTPDrafter.from_target(target)
+    with pytest.raises(ValueError, match="one sequence at a time"):
+        target.generate(torch.ones(2, 4, dtype=torch.long), max_new_tokens=3, assistant_model=drafter)
+
+
+def test_prompt_longer_than_the_context_is_refused():
+    target = make_target("llama", max_position_embeddings=32)
+    drafter = AngelSpecMTPDrafter.from_target(target)
+    with pytest.raises(ValueError, match="context of 32"):
+        target.generate(torch.ones(1, 30, dtype=torch.long), max_new_tokens=8, assistant_model=drafter)
+
+
+def test_other_assistants_are_delegated_to_transformers_unchanged():
+    """Only AngelSpec drafters are rerouted; pinned to the transformers release this package supports."""
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    assert (major, minor) == (5, 23), "re-check the _get_candidate_generator wrapper against this transformers"
+    target = make_target("llama")
+    assistant = make_target("llama", seed=1)
+    prompt = random_prompt(5, target.config.vocab_size, 0)
+    seen = []
+    original = angelspec_hf.generation.speculative._ORIGINAL_GET_CANDIDATE_GENERATOR
+
+    def spy(self, *args, **kwargs):
+        generator = original(self, *args, **kwargs)
+        seen.append(type(generator))
+        return generator
+
+    angelspec_hf.generation.speculative._ORIGINAL_GET_CANDIDATE_GENERATOR = spy
+    try:
+        target.generate(prompt, max_new_tokens=5, do_sample=False, assistant_model=assistant)
+        target.generate(prompt, max_new_tokens=5, do_sample=False, prompt_lookup_num_tokens=3)
+        drafter = AngelSpecMTPDrafter.from_target(target)
+        target.generate(prompt, max_new_tokens=5, do_sample=False, assistant_model=drafter)
+    finally:
+        angelspec_hf.generation.speculative._ORIGINAL_GET_CANDIDATE_GENERATOR = original
+    assert seen == [AssistedCandidateGenerator, PromptLookupCandidateGenerator]
+    assert GenerationMixin._get_candidate_generator.__wrapped__ is original
