@@ -9,6 +9,11 @@ needs no new layer code. Concrete drafters (MTP, DFly) subclass `AngelSpecDrafte
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import re
+import shutil
+import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -239,3 +244,66 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         chosen = torch.topk(counts, self.config.draft_vocab_size).indices.sort().values
         self.draft_to_target.copy_(chosen)
         self.lm_head.weight.copy_(self._target_lm_head.weight[chosen])
+
+    # -- checkpoints ----------------------------------------------------------------------------------------------
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
+        """Save weights and config (never the target's embedding or lm_head), atomically, with remote code.
+
+        Files are written to a staging folder beside `save_directory` and moved in only once all exist, config
+        last, so an interrupted save never leaves a half-written checkpoint. The folder also gets the drafter's
+        source files and an `auto_map`, so it loads with `trust_remote_code=True` where this package is missing.
+        """
+        save_directory = os.path.abspath(save_directory)
+        parent = os.path.dirname(save_directory)
+        os.makedirs(parent, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=f".{os.path.basename(save_directory)}.saving-", dir=parent)
+        try:
+            super().save_pretrained(staging, *args, **kwargs)
+            self._write_remote_code(staging)
+            os.makedirs(save_directory, exist_ok=True)
+            names = sorted(os.listdir(staging), key=lambda name: name == "config.json")
+            for name in names:
+                os.replace(os.path.join(staging, name), os.path.join(save_directory, name))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _write_remote_code(self, directory: str) -> None:
+        """Copy this drafter's configuration/modeling files and their package helpers, flattened into one folder."""
+        package = os.path.dirname(os.path.abspath(__file__))
+        model_module = importlib.import_module(type(self).__module__)
+        config_module = importlib.import_module(type(self.config).__module__)
+        sources = [model_module.__file__, config_module.__file__, __file__, os.path.join(os.path.dirname(package), "targets.py")]
+        for source in sources:
+            with open(source) as handle:
+                code = re.sub(r"from \.\.(\w+) import", r"from .\1 import", handle.read())
+            with open(os.path.join(directory, os.path.basename(source)), "w") as handle:
+                handle.write(code)
+        config_path = os.path.join(directory, "config.json")
+        with open(config_path) as handle:
+            config = json.load(handle)
+        config["auto_map"] = {
+            "AutoConfig": f"{config_module.__name__.rsplit('.', 1)[-1]}.{type(self.config).__name__}",
+            "AutoModel": f"{model_module.__name__.rsplit('.', 1)[-1]}.{type(self).__name__}",
+        }
+        with open(config_path, "w") as handle:
+            json.dump(config, handle, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """Load a drafter; a missing or unreadable checkpoint raises an error that names the folder and file."""
+        path = str(pretrained_model_name_or_path)
+        if os.path.isdir(path):
+            for required in ("config.json", "model.safetensors"):
+                if not os.path.isfile(os.path.join(path, required)) and not (
+                    required == "model.safetensors" and os.path.isfile(os.path.join(path, "model.safetensors.index.json"))
+                ):
+                    raise FileNotFoundError(f"Drafter checkpoint {path!r} has no {required}")
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except (OSError, ValueError, RuntimeError) as error:
+            raise ValueError(f"Cannot load the drafter checkpoint {path!r}: {error}") from error
+        except Exception as error:  # safetensors raises its own error type for corrupt files
+            if type(error).__name__ == "SafetensorError":
+                raise ValueError(f"Corrupt weights file in drafter checkpoint {path!r}: {error}") from error
+            raise

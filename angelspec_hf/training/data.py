@@ -29,7 +29,8 @@ def conversations_dataset(responses_path: str, max_length: int) -> datasets.Data
         mask = ([0] * len(record["prompt_ids"]) + [1] * len(record["response_ids"]))[:max_length]
         return {"input_ids": ids, "loss_mask": mask}
 
-    return datasets.Dataset.from_list([to_example(r) for r in records if r["response_ids"]])
+    examples = [to_example(record) for record in records]
+    return datasets.Dataset.from_list([example for example in examples if any(example["loss_mask"])])
 
 
 def pack_documents(dataset: datasets.Dataset, max_length: int) -> datasets.Dataset:
@@ -75,18 +76,18 @@ def target_hidden_states(target, input_ids: torch.Tensor, position_ids: torch.Te
 def precompute_hidden_states(
     dataset: datasets.Dataset, target, indices: list[int], cache_dir: str, dtype: str = "float16", batch_size: int = 4
 ) -> datasets.Dataset:
-    """Offline mode: add `target_hidden` ([len(indices), T, H] per row) computed once and memory-mapped from disk."""
+    """Offline mode: add `target_hidden` ([T, len(indices), H] per row) computed once and memory-mapped from disk."""
     os.makedirs(cache_dir, exist_ok=True)
     hidden_size = target.config.get_text_config().hidden_size
     features = dataset.features.copy()
-    features["target_hidden"] = datasets.Array3D(shape=(len(indices), None, hidden_size), dtype=dtype)
+    features["target_hidden"] = datasets.Array3D(shape=(None, len(indices), hidden_size), dtype=dtype)
     torch_dtype = getattr(torch, dtype)
 
     def add_hidden(batch):
         out = []
         for ids, positions in zip(batch["input_ids"], batch["position_ids"]):
             states = target_hidden_states(target, torch.tensor([ids]), torch.tensor([positions]), indices)
-            out.append(torch.stack([s[0] for s in states]).to(torch_dtype).numpy())
+            out.append(torch.stack([s[0] for s in states], dim=1).to(torch_dtype).numpy())
         return {"target_hidden": out}
 
     fingerprint = f"{dataset._fingerprint}-{target.config.name_or_path}-{indices}-{dtype}".replace("/", "_")
@@ -117,8 +118,8 @@ class PackedCollator:
         batch["position_ids"] = torch.stack(
             [torch.cat([torch.as_tensor(row["position_ids"]), torch.arange(width - len(row["position_ids"]))]) for row in rows]
         )
-        if "target_hidden" in rows[0]:
+        if "target_hidden" in rows[0]:  # stored [T, N, H]; the drafter reads [B, N, T, H]
             batch["target_hidden"] = torch.stack(
-                [F.pad(torch.as_tensor(row["target_hidden"]), (0, 0, 0, width - len(row["input_ids"]))) for row in rows]
-            )
+                [F.pad(torch.as_tensor(row["target_hidden"]), (0, 0, 0, 0, 0, width - len(row["input_ids"]))) for row in rows]
+            ).transpose(1, 2)
         return batch

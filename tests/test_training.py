@@ -1,0 +1,141 @@
+"""TTT training with the Trainer: data, online/offline hidden states, acceptance callback, resume, CPU DDP."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import make_target
+from transformers import AutoModel, TrainingArguments
+
+from angelspec_hf import AngelSpecMTPDrafter
+from angelspec_hf.prompts import encode_chat, load_prompts
+from angelspec_hf.training import (
+    AcceptanceCallback,
+    AngelSpecTrainer,
+    PackedCollator,
+    build_training_dataset,
+    precompute_hidden_states,
+)
+from angelspec_hf.training.regenerate import read_responses, regenerate_responses
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def chat_target(smollm2_tokenizer):
+    """A tiny Llama speaking the SmolLM2 vocabulary, so the real chat template applies."""
+    return make_target("llama", vocab_size=len(smollm2_tokenizer), dtype=torch.float32, seed=3, eos_token_id=2, pad_token_id=2)
+
+
+@pytest.fixture(scope="module")
+def responses(chat_target, smollm2_tokenizer, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("data") / "responses.jsonl.gz")
+    regenerate_responses(
+        chat_target, smollm2_tokenizer, ["alpaca_eval", "self_instruct"], path, limit_per_source=6,
+        max_new_tokens=24, batch_size=4,
+    )
+    return path
+
+
+def test_regeneration_is_resumable_and_records_the_target_output(chat_target, smollm2_tokenizer, responses):
+    records = read_responses(responses)
+    assert len(records) == 12 and {r["source"] for r in records} == {"alpaca_eval", "self_instruct"}
+    first = records[0]
+    assert first["prompt_ids"] == encode_chat(smollm2_tokenizer, first["prompt"])
+    solo = chat_target.generate(torch.tensor([first["prompt_ids"]]), max_new_tokens=24, do_sample=False)
+    assert solo[0, len(first["prompt_ids"]) :].tolist()[: len(first["response_ids"])] == first["response_ids"]
+    again = regenerate_responses(chat_target, smollm2_tokenizer, ["alpaca_eval"], responses, limit_per_source=6)
+    assert len(again) == 12, "prompts already answered are not regenerated"
+
+
+def test_packing_keeps_documents_apart_and_loss_on_responses_only(responses):
+    records = read_responses(responses)
+    dataset = build_training_dataset(responses, max_length=96)
+    assert sum(sum(row["loss_mask"]) for row in dataset) == sum(
+        max(0, min(len(r["prompt_ids"]) + len(r["response_ids"]), 96) - len(r["prompt_ids"])) for r in records
+    )
+    assert all(any(row["loss_mask"]) for row in dataset), "conversations truncated before their response are dropped"
+    for row in dataset:
+        assert len(row["input_ids"]) <= 96
+        documents, positions = torch.tensor(row["document_ids"]), torch.tensor(row["position_ids"])
+        starts = torch.cat([torch.tensor([True]), documents[1:] != documents[:-1]])
+        assert torch.equal(positions == 0, starts), "positions restart exactly at each document"
+
+
+def make_trainer(target, tokenizer, dataset, output_dir, **overrides):
+    torch.manual_seed(0)  # same initial drafter every time
+    drafter = AngelSpecMTPDrafter.from_target(target, tokenizer, num_depths=3, draft_vocab_size=512)
+    values = dict(
+        output_dir=str(output_dir), per_device_train_batch_size=2, learning_rate=3e-3, max_steps=6, logging_steps=2,
+        save_strategy="no", report_to="none", use_cpu=True, seed=0, data_seed=0, lr_scheduler_type="constant",
+    )
+    values.update(overrides)
+    return AngelSpecTrainer(
+        model=drafter, args=TrainingArguments(**values), train_dataset=dataset, data_collator=PackedCollator(), target=target
+    )
+
+
+def test_offline_hidden_states_give_the_same_loss_as_online(chat_target, smollm2_tokenizer, responses, tmp_path):
+    dataset = build_training_dataset(responses, max_length=128)
+    offline = precompute_hidden_states(dataset, chat_target, [chat_target.config.num_hidden_layers], str(tmp_path), dtype="float32")
+    trainer = make_trainer(chat_target, smollm2_tokenizer, dataset, tmp_path / "out")
+    rows = [dataset[i] for i in range(2)]
+    online_batch = PackedCollator()(rows)
+    offline_batch = PackedCollator()([offline[i] for i in range(2)])
+    assert "target_hidden" in offline_batch and "target_hidden" not in online_batch
+    torch.manual_seed(0)
+    online_loss = trainer.compute_loss(trainer.model, online_batch)
+    offline_loss = trainer.compute_loss(trainer.model, offline_batch)
+    assert online_loss.item() > 0
+    torch.testing.assert_close(online_loss, offline_loss, rtol=1e-5, atol=1e-5)
+
+
+def test_training_lowers_the_loss_and_logs_real_acceptance(chat_target, smollm2_tokenizer, responses, tmp_path):
+    dataset = build_training_dataset(responses, max_length=128)
+    prompts = [torch.tensor([encode_chat(smollm2_tokenizer, row["prompt"])]) for row in load_prompts("mt_bench", limit=2)]
+    callback = AcceptanceCallback(chat_target, prompts, max_new_tokens=8, every_n_steps=10)
+    trainer = make_trainer(chat_target, smollm2_tokenizer, dataset, tmp_path, max_steps=20)
+    trainer.add_callback(callback)
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert losses[-1] < losses[0]
+    logged = [entry for entry in trainer.state.log_history if "accept/tau" in entry]
+    assert logged and all(1.0 <= entry["accept/tau"] <= 4.0 for entry in logged)
+    assert {"accept/depth_1", "top1_agreement_depth_3"} <= set().union(*trainer.state.log_history)
+
+
+def test_resume_from_checkpoint_continues_the_same_run(chat_target, smollm2_tokenizer, responses, tmp_path):
+    dataset = build_training_dataset(responses, max_length=128)
+    straight = make_trainer(chat_target, smollm2_tokenizer, dataset, tmp_path / "straight")
+    straight.train()
+    interrupted = make_trainer(chat_target, smollm2_tokenizer, dataset, tmp_path / "resumed", save_strategy="steps", save_steps=3)
+    interrupted.train()
+    resumed = make_trainer(chat_target, smollm2_tokenizer, dataset, tmp_path / "resumed")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "resumed" / "checkpoint-3"))
+    assert resumed.state.global_step == 6
+    for (name, a), (_, b) in zip(straight.model.state_dict().items(), resumed.model.state_dict().items()):
+        torch.testing.assert_close(a, b, msg=name, rtol=1e-4, atol=1e-5)
+
+
+def test_example_script_trains_with_two_cpu_processes(chat_target, smollm2_tokenizer, responses, tmp_path):
+    """`accelerate launch --multi_gpu --num_processes 2` on CPU really runs DDP with world size 2 (gloo)."""
+    target_dir = tmp_path / "target"
+    chat_target.save_pretrained(target_dir)
+    smollm2_tokenizer.save_pretrained(target_dir)
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no",
+        os.path.join(REPO, "examples", "train_mtp.py"), "--config", os.path.join(REPO, "examples", "configs", "tiny_mtp.yaml"),
+        "--target", str(target_dir), "--responses", responses, "--output_dir", str(tmp_path / "drafter"),
+        "--hidden_cache_dir", str(tmp_path / "cache"),
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"world size 2\b", result.stdout), result.stdout[-2000:]
+    drafter = AutoModel.from_pretrained(tmp_path / "drafter")
+    assert isinstance(drafter, AngelSpecMTPDrafter) and drafter.config.draft_vocab_size == 256
+    drafter.bind_target(chat_target, smollm2_tokenizer)
