@@ -1,4 +1,4 @@
-"""`angelspec` command line: `regenerate` training responses, `bench` drafters against plain decoding."""
+"""`angelspec` command line: `demo`, `regenerate` training responses, `bench` drafters against plain decoding."""
 
 from __future__ import annotations
 
@@ -18,6 +18,43 @@ def _regenerate(args: argparse.Namespace) -> None:
         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
     )
     print(f"{len(records)} responses in {args.output}")
+
+
+DEFAULT_DRAFTER = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model_cards", "smollm2-135m-instruct-mtp"
+)
+DEMO_PROMPTS = [
+    "Give me three tips for staying focused while working from home.",
+    "Explain what a hash table is to a first-year student.",
+    "Write a short, friendly email inviting my team to a Friday lunch.",
+]
+
+
+def _demo(args: argparse.Namespace) -> None:
+    import torch
+    from transformers import AutoModel
+
+    from .benchmark.bench import format_table, run_benchmark
+    from .prompts import default_data_dir, encode_chat, load_prompts
+    from .targets import load_target
+
+    target = load_target(args.target)
+    drafter = AutoModel.from_pretrained(args.drafter).eval()
+    if default_data_dir() is not None:
+        prompts = [row["prompt"] for row in load_prompts("mt_bench", limit=args.limit)]
+    else:
+        prompts = DEMO_PROMPTS[: args.limit]
+    results = run_benchmark(target.model, target.tokenizer, {"drafter": drafter}, prompts, args.max_new_tokens)
+    input_ids = torch.tensor([encode_chat(target.tokenizer, prompts[0])])
+    sample = target.model.generate(input_ids, assistant_model=drafter, max_new_tokens=args.max_new_tokens, do_sample=False)
+    print(f"\nPrompt: {prompts[0]}\nSmolLM2 + MTP drafter: {target.tokenizer.decode(sample[0, input_ids.shape[1]:], skip_special_tokens=True)}\n")
+    print(format_table(results))
+    speculative = results["methods"][1]
+    print(
+        f"\nτ = {speculative['tau']:.2f} tokens per target forward; speedup {speculative['speedup']:.2f}x over plain "
+        f"decoding ({speculative['tokens_per_s']:.1f} vs {results['methods'][0]['tokens_per_s']:.1f} tokens/s); "
+        f"outputs identical on {speculative['identical_fraction']:.0%} of {len(prompts)} prompts."
+    )
 
 
 def _bench(args: argparse.Namespace) -> None:
@@ -40,6 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     regenerate.add_argument("--max-new-tokens", type=int, default=256)
     regenerate.add_argument("--batch-size", type=int, default=16)
     regenerate.set_defaults(func=_regenerate)
+
+    demo = commands.add_parser("demo", help="SmolLM2 with the shipped MTP drafter: outputs, τ and speedup")
+    demo.add_argument("--target", default="smollm2")
+    demo.add_argument("--drafter", default=DEFAULT_DRAFTER)
+    demo.add_argument("--limit", type=int, default=5, help="how many MT-bench prompts")
+    demo.add_argument("--max-new-tokens", type=int, default=128)
+    demo.set_defaults(func=_demo)
 
     from .benchmark.bench import add_arguments
 

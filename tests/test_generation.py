@@ -203,3 +203,14 @@ def test_other_assistants_are_delegated_to_transformers_unchanged():
         angelspec_hf.generation.speculative._ORIGINAL_GET_CANDIDATE_GENERATOR = original
     assert seen == [AssistedCandidateGenerator, PromptLookupCandidateGenerator]
     assert GenerationMixin._get_candidate_generator.__wrapped__ is original
+
+
+def test_empty_prompt_is_refused(smollm2_tokenizer):
+    from angelspec_hf.prompts import encode_chat
+
+    with pytest.raises(ValueError, match="Empty prompt"):
+        encode_chat(smollm2_tokenizer, "   ")
+    target = make_target("llama")
+    drafter = AngelSpecMTPDrafter.from_target(target)
+    with pytest.raises(ValueError, match="[Ee]mpty"):
+        target.generate(torch.zeros(1, 0, dtype=torch.long), max_new_tokens=3, assistant_model=drafter)

