@@ -16,13 +16,16 @@ class SpeculationStats:
 
     drafted: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    draft_seconds: float = 0.0
 
     def record_round(self, drafted: int, accepted: int) -> None:
         self.drafted.append(drafted)
         self.accepted.append(accepted)
 
     def __add__(self, other: "SpeculationStats") -> "SpeculationStats":
-        return SpeculationStats(self.drafted + other.drafted, self.accepted + other.accepted)
+        return SpeculationStats(
+            self.drafted + other.drafted, self.accepted + other.accepted, self.draft_seconds + other.draft_seconds
+        )
 
     @property
     def target_forwards(self) -> int:
@@ -52,4 +55,5 @@ class SpeculationStats:
             "acceptance_by_depth": self.acceptance_by_depth(),
             "target_forwards": self.target_forwards,
             "tokens": self.tokens,
+            "draft_seconds": self.draft_seconds,
         }

@@ -22,17 +22,18 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
     output = tmp_path / "results.json"
     cli_main([
         "bench", "--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"), "--prompts", str(prompts),
-        "--max-new-tokens", "12", "--output", str(output),
+        "--max-new-tokens", "12", "--full-vocab-variant", "--output", str(output),
     ])
     results = json.loads(output.read_text())
     names = [method["name"] for method in results["methods"]]
-    assert names == ["ar", "mtp:drafter"] and results["num_prompts"] == 2
+    assert names == ["ar", "mtp:drafter", "mtp:drafter+full-vocab-head"] and results["num_prompts"] == 2
     for method in results["methods"]:
         for key in ("tau", "tokens_per_s", "speedup", "identical_fraction"):
             assert math.isfinite(method[key]), (method["name"], key)
         assert isinstance(method["acceptance_by_depth"], list)
-    speculative = results["methods"][1]
-    assert speculative["identical_fraction"] == 1.0 and speculative["divergences"] == 0
-    assert len(speculative["acceptance_by_depth"]) == 3 and speculative["tau"] >= 1.0
+    for speculative in results["methods"][1:]:
+        assert speculative["identical_fraction"] == 1.0 and speculative["divergences"] == 0
+        assert len(speculative["acceptance_by_depth"]) == 3 and speculative["tau"] >= 1.0
+        assert 0.0 < speculative["draft_fraction"] < 1.0
     assert results["machine"]["torch"] == torch.__version__
     assert "mtp:drafter" in capsys.readouterr().out

@@ -33,6 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="first N prompts")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--num-draft-tokens", type=int, default=None, help="override each drafter's tokens per round")
+    parser.add_argument(
+        "--full-vocab-variant", action="store_true",
+        help="also run each reduced-vocabulary drafter with the target's full lm_head (what the reduced head saves)",
+    )
     parser.add_argument("--output", default=None, help="write results as JSON here")
 
 
@@ -58,6 +62,7 @@ class MethodResult:
             "tokens_per_s": tokens_per_s,
             "speedup": tokens_per_s / ar_tokens_per_s if ar_tokens_per_s else 0.0,
             "identical_fraction": self.identical / self.prompts if self.prompts else 0.0,
+            "draft_fraction": self.stats.draft_seconds / self.seconds if self.seconds else 0.0,
             "divergences": self.divergences,
             "near_tie_divergences": self.near_tie_divergences,
             "new_tokens": self.new_tokens,
@@ -144,13 +149,13 @@ def machine_state() -> dict:
 
 
 def format_table(results: dict) -> str:
-    header = f"{'method':<28} {'tau':>6} {'tok/s':>8} {'speedup':>8} {'identical':>9}  acceptance by depth"
+    header = f"{'method':<40} {'tau':>6} {'tok/s':>8} {'speedup':>8} {'identical':>9} {'draft%':>7}  acceptance by depth"
     lines = [header, "-" * len(header)]
     for method in results["methods"]:
         depths = " ".join(f"{rate:.2f}" for rate in method["acceptance_by_depth"])
         lines.append(
-            f"{method['name']:<28} {method['tau']:>6.2f} {method['tokens_per_s']:>8.2f} {method['speedup']:>7.2f}x "
-            f"{method['identical_fraction']:>9.0%}  {depths}"
+            f"{method['name']:<40} {method['tau']:>6.2f} {method['tokens_per_s']:>8.2f} {method['speedup']:>7.2f}x "
+            f"{method['identical_fraction']:>9.0%} {method.get('draft_fraction', 0):>7.1%}  {depths}"
         )
     return "\n".join(lines)
 
@@ -165,7 +170,11 @@ def main(args: argparse.Namespace) -> dict:
     for path in args.drafter:
         if not os.path.isdir(path):
             raise FileNotFoundError(f"Drafter folder not found: {path}")
-        drafters[os.path.basename(os.path.normpath(path))] = AutoModel.from_pretrained(path).eval()
+        name = os.path.basename(os.path.normpath(path))
+        drafters[name] = AutoModel.from_pretrained(path).eval()
+        if args.full_vocab_variant and drafters[name].config.draft_vocab_size:
+            drafters[name].bind_target(target.model, target.tokenizer)
+            drafters[f"{name}+full-vocab-head"] = drafters[name].with_full_vocabulary()
     prompts = [row["prompt"] for row in load_prompts(args.prompts, data_dir=args.data_dir, limit=args.limit)]
     results = run_benchmark(target.model, target.tokenizer, drafters, prompts, args.max_new_tokens, args.num_draft_tokens)
     results["prompts"] = args.prompts

@@ -8,6 +8,8 @@ the next draft.
 
 from __future__ import annotations
 
+import time
+
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.stopping_criteria import StopStringCriteria
@@ -72,8 +74,10 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         new_tokens = input_ids[:, self.num_seen + 1 :]
         self.num_seen = length - 1
         self.num_drafted = max(0, min(self.num_tokens, self.max_length - length - 1))
+        start = time.perf_counter()
         draft_ids, draft_logits = self.drafter.propose(self.state, hidden, new_tokens, self.num_drafted, self.choose)
         draft_ids = self.cut_before_stop_string(input_ids, draft_ids)
+        self.stats.draft_seconds += time.perf_counter() - start
         draft_logits = draft_logits[:, : draft_ids.shape[1]]
         self.num_drafted = draft_ids.shape[1]
         candidates = torch.cat([input_ids, draft_ids], dim=1)

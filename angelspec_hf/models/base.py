@@ -234,6 +234,17 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
         return full.index_copy_(-1, self.draft_to_target, logits)
 
+    def with_full_vocabulary(self) -> "AngelSpecDrafterPreTrainedModel":
+        """The same drafter drafting over the full target vocabulary with the target's own lm_head (shared weights
+        otherwise): what the reduced vocabulary saves is measured against this."""
+        config = self.config.__class__.from_dict({**self.config.to_dict(), "draft_vocab_size": None})
+        full = self.__class__(config).to(dtype=self.dtype, device=self.device)
+        state = {k: v for k, v in self.state_dict().items() if not k.startswith(("lm_head.", "draft_to_target"))}
+        full.load_state_dict(state)
+        full.generation_config = self.generation_config
+        full._target_embed_tokens, full._target_lm_head = self._target_embed_tokens, self._target_lm_head
+        return full.eval()
+
     @torch.no_grad()
     def init_draft_vocab(self, token_counts: torch.Tensor, always_keep: list[int] = ()) -> None:
         """Choose the `draft_vocab_size` most frequent target tokens (plus `always_keep`, e.g. EOS) and initialise
