@@ -95,7 +95,7 @@ def main(argv: list[str]) -> None:
     if data_args.hidden_states == "offline":
         with training_args.main_process_first(desc="precomputing target hidden states"):
             dataset = precompute_hidden_states(
-                dataset, target.model, drafter.target_hidden_state_indices(), data_args.hidden_cache_dir,
+                dataset, target.model, drafter.training_hidden_state_indices(), data_args.hidden_cache_dir,
                 dtype=data_args.hidden_dtype,
             )
     elif data_args.hidden_states != "online":

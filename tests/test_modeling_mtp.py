@@ -125,7 +125,7 @@ def test_ttt_rollout_computes_what_inference_computes(model_type):
     sequence = torch.randint(0, 95, (1, 24), generator=torch.Generator().manual_seed(0))
     hidden = target(sequence, output_hidden_states=True).hidden_states[-1]
     positions = torch.arange(24)[None]
-    rollout = drafter(hidden[:, None], sequence, positions, torch.zeros_like(sequence)).logits
+    rollout = drafter.rollout(hidden[:, None], sequence, positions, torch.zeros_like(sequence))
     for slot in (0, 9, 17):
         state = drafter.new_draft_state()
         _, inference_logits = drafter.propose(
@@ -139,16 +139,16 @@ def test_ttt_rollout_never_attends_across_packed_documents():
     target = make_target("llama", seed=6)
     drafter = AngelSpecMTPDrafter.from_target(target, num_depths=2)
     first, second = torch.randint(0, 95, (1, 10)), torch.randint(0, 95, (1, 8))
-    alone = drafter(
+    alone = drafter.rollout(
         target(second, output_hidden_states=True).hidden_states[-1][:, None], second, torch.arange(8)[None],
         torch.zeros(1, 8, dtype=torch.long),
-    ).logits
+    )
     packed_ids = torch.cat([first, second], 1)
     positions = torch.cat([torch.arange(10), torch.arange(8)])[None]
     hidden = torch.cat(
         [target(first, output_hidden_states=True).hidden_states[-1], target(second, output_hidden_states=True).hidden_states[-1]], 1
     )
     documents = torch.tensor([[0] * 10 + [1] * 8])
-    packed = drafter(hidden[:, None], packed_ids, positions, documents).logits
+    packed = drafter.rollout(hidden[:, None], packed_ids, positions, documents)
     for depth in range(2):
         torch.testing.assert_close(packed[depth][:, 10:], alone[depth])

@@ -104,7 +104,7 @@ def test_training_lowers_the_loss_and_logs_real_acceptance(chat_target, smollm2_
     assert losses[-1] < losses[0]
     logged = [entry for entry in trainer.state.log_history if "accept/tau" in entry]
     assert logged and all(1.0 <= entry["accept/tau"] <= 4.0 for entry in logged)
-    assert {"accept/depth_1", "top1_agreement_depth_3"} <= set().union(*trainer.state.log_history)
+    assert {"accept/depth_1", "top1_agreement_position_3"} <= set().union(*trainer.state.log_history)
 
 
 def test_resume_from_checkpoint_continues_the_same_run(chat_target, smollm2_tokenizer, responses, tmp_path):
@@ -139,6 +139,20 @@ def test_example_script_trains_with_two_cpu_processes(chat_target, smollm2_token
     drafter = AutoModel.from_pretrained(tmp_path / "drafter")
     assert isinstance(drafter, AngelSpecMTPDrafter) and drafter.config.draft_vocab_size == 256
     drafter.bind_target(chat_target, smollm2_tokenizer)
+
+
+def test_draft_losses_follow_their_definitions():
+    from angelspec_hf.training import draft_loss, distillation_kl
+
+    student, teacher = torch.randn(7, 16), torch.randn(7, 16)
+    p, q = teacher.softmax(-1), student.softmax(-1)
+    overlap = torch.minimum(p, q).sum(-1)
+    torch.testing.assert_close(draft_loss(student, teacher, "tv"), 1 - overlap)
+    torch.testing.assert_close(draft_loss(student, teacher, "tv"), 0.5 * (p - q).abs().sum(-1))
+    torch.testing.assert_close(draft_loss(student, teacher, "ce"), -q.log()[torch.arange(7), p.argmax(-1)])
+    weight = torch.exp(-3.0 * overlap)
+    expected = weight * distillation_kl(student, teacher) + (1 - weight) * (1 - overlap)
+    torch.testing.assert_close(draft_loss(student, teacher, "lk", lk_eta=3.0), expected)
 
 
 def test_top_k_distillation_is_the_full_kl_when_k_covers_the_vocabulary():

@@ -19,12 +19,27 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers import AutoConfig, GenerationConfig, PretrainedConfig, PreTrainedModel
+from transformers.utils import ModelOutput
 
 # Config keys of a target that describe its weights or provenance, not the shape of a layer.
 _NON_LAYER_KEYS = (
     "architectures", "auto_map", "quantization_config", "_name_or_path", "name_or_path", "transformers_version",
     "layer_types", "dtype", "torch_dtype", "output_hidden_states", "_attn_implementation_autoset",
 )
+
+
+@dataclass
+class DraftPredictions(ModelOutput):
+    """What a drafter's training forward returns: every supervised draft prediction, flattened.
+
+    `logits` [N, V_draft]; `teacher_positions` [N]: flat index into the batch's (row, position) grid of the target
+    position whose next-token distribution is the teacher; `draft_positions` [N]: 1-based position of the prediction
+    in its draft (MTP depth, DFly block offset), which sets its loss weight.
+    """
+
+    logits: torch.Tensor | None = None
+    teacher_positions: torch.LongTensor | None = None
+    draft_positions: torch.LongTensor | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,11 @@ class AngelSpecDrafterConfig(PretrainedConfig):
         target_embedding_probe (`list[float]`): `embedding_probe` of the target embedding, checked when binding.
         draft_vocab_size (`int`, *optional*): size of the reduced draft vocabulary (EAGLE-3's d2t); `None` drafts
             over the full target vocabulary with the target's own lm_head.
+        loss_type (`str`): distillation loss per draft prediction: `"kl"` (KL(p_target || q_draft)), `"ce"` (cross
+            entropy with the target's argmax), `"tv"` (total variation, 1 - α with α = Σ min(p, q)) or `"lk"`
+            (λ·KL + (1-λ)·TV with λ = exp(-η·sg[α]), AngelSpec's hybrid).
+        kl_top_k (`int`, *optional*): distil only the teacher's top-k tokens (renormalised) to bound memory.
+        lk_eta (`float`): η of the `"lk"` loss.
     """
 
     def __init__(
@@ -80,8 +100,16 @@ class AngelSpecDrafterConfig(PretrainedConfig):
         target_tokenizer_fingerprint: str | None = None,
         target_embedding_probe: list[float] | None = None,
         draft_vocab_size: int | None = None,
+        loss_type: str = "kl",
+        kl_top_k: int | None = None,
+        lk_eta: float = 3.0,
         **kwargs,
     ):
+        if loss_type not in ("kl", "ce", "tv", "lk"):
+            raise ValueError(f"loss_type must be one of kl, ce, tv, lk; got {loss_type!r}")
+        self.loss_type = loss_type
+        self.kl_top_k = kl_top_k
+        self.lk_eta = lk_eta
         self.target_config = {k: v for k, v in (target_config or {}).items() if k not in _NON_LAYER_KEYS}
         self.target_name_or_path = target_name_or_path
         self.target_tokenizer_fingerprint = target_tokenizer_fingerprint
@@ -130,6 +158,19 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
 
     def default_num_draft_tokens(self) -> int:
         """Draft tokens per round unless `generation_config.num_assistant_tokens` says otherwise."""
+        raise NotImplementedError
+
+    def target_hidden_state_indices(self) -> list[int]:
+        """Indices into the target's `hidden_states` (0 = embeddings, i + 1 = output of layer i) that condition drafts."""
+        raise NotImplementedError
+
+    def training_hidden_state_indices(self) -> list[int]:
+        """The conditioning states plus, last, the target's final (normed) state, whose lm_head is the teacher."""
+        final = self.config.target_num_hidden_layers
+        return [i for i in self.target_hidden_state_indices() if i != final] + [final]
+
+    def draft_position_weights(self) -> torch.Tensor:
+        """Loss weight of draft position k = 1..K."""
         raise NotImplementedError
 
     @classmethod

@@ -1,8 +1,9 @@
 """`AngelSpecTrainer`: a `transformers.Trainer` whose loss is the drafter's distillation to the frozen target.
 
-The drafter's `forward` unrolls its drafting exactly as inference will (for MTP: the TTT rollout of §2.2); the
+One trainer for every drafter. The drafter's `forward` unrolls its drafting exactly as inference will (MTP: the
+TTT rollout of §2.2) and returns its supervised predictions with the target positions they are distilled to; the
 trainer supplies the target's hidden states (online from the target in this process, or offline from the
-precomputed cache) and distils depth k to the target's distribution k positions ahead.
+precomputed cache), applies the target's lm_head there as the teacher, and weights each draft position.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from .data import target_hidden_states
 
 
 def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, top_k: int | None = None) -> torch.Tensor:
-    """KL(p_target || q_draft) per position, over the draft vocabulary or only the teacher's top-k (renormalised)."""
+    """KL(p_target || q_draft) per prediction, over the draft vocabulary or only the teacher's top-k (renormalised)."""
     student_logp = student_logits.float().log_softmax(-1)
     teacher_logits = teacher_logits.float()
     if top_k is not None and top_k < teacher_logits.shape[-1]:
@@ -25,6 +26,29 @@ def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
         student_logp = student_logp.gather(-1, indices)
     teacher_logp = teacher_logits.log_softmax(-1)
     return (teacher_logp.exp() * (teacher_logp - student_logp)).sum(-1)
+
+
+def draft_loss(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, loss_type: str = "kl", top_k: int | None = None,
+    lk_eta: float = 3.0,
+) -> torch.Tensor:
+    """Per-prediction loss of a draft distribution q against the target distribution p.
+
+    `kl`: KL(p || q). `ce`: -log q(argmax p). `tv`: 1 - α, α = Σ min(p, q) (the expected acceptance of one draft
+    token). `lk`: λ·KL + (1-λ)·TV with λ = exp(-η·sg[α]) (AngelSpec): KL while the draft is far off, TV near the
+    optimum, where it matches acceptance directly.
+    """
+    if loss_type == "kl":
+        return distillation_kl(student_logits, teacher_logits, top_k)
+    if loss_type == "ce":
+        return F.cross_entropy(student_logits.float(), teacher_logits.argmax(-1), reduction="none")
+    overlap = torch.minimum(student_logits.float().softmax(-1), teacher_logits.float().softmax(-1)).sum(-1)
+    if loss_type == "tv":
+        return 1.0 - overlap
+    if loss_type == "lk":
+        weight = torch.exp(-lk_eta * overlap.detach())
+        return weight * distillation_kl(student_logits, teacher_logits, top_k) + (1.0 - weight) * (1.0 - overlap)
+    raise ValueError(f"Unknown loss_type {loss_type!r}")
 
 
 class AngelSpecTrainer(Trainer):
@@ -55,7 +79,7 @@ class AngelSpecTrainer(Trainer):
         hidden = inputs.get("target_hidden")
         if hidden is None:
             states = target_hidden_states(
-                self.target, inputs["input_ids"], inputs["position_ids"], drafter.target_hidden_state_indices()
+                self.target, inputs["input_ids"], inputs["position_ids"], drafter.training_hidden_state_indices()
             )
             hidden = torch.stack(states, dim=1)
         hidden = hidden.to(drafter.dtype).detach()
@@ -64,32 +88,25 @@ class AngelSpecTrainer(Trainer):
             input_ids=inputs["input_ids"],
             position_ids=inputs["position_ids"],
             document_ids=inputs["document_ids"],
+            loss_mask=inputs["loss_mask"],
         )
-        with torch.no_grad():
-            teacher = drafter.target_head_logits(hidden[:, -1])
-        loss = self.depth_distillation_loss(outputs.logits, teacher, inputs["loss_mask"], inputs["document_ids"])
+        with torch.no_grad():  # the teacher: the target's lm_head on its final state, only where it is needed
+            teacher = drafter.target_head_logits(hidden[:, -1].flatten(0, 1)[outputs.teacher_positions])
+        loss = self.weighted_draft_loss(outputs.logits, teacher, outputs.draft_positions)
         return (loss, outputs) if return_outputs else loss
 
-    def depth_distillation_loss(self, depth_logits, teacher, loss_mask, document_ids) -> torch.Tensor:
-        """Σ_k w_k · mean KL(target at position t+k+1 || depth k at slot t) over valid slots.
-
-        Slot t of depth k predicts token t+k+2: valid when that token is a response token of the same document.
-        """
+    def weighted_draft_loss(self, logits, teacher, draft_positions) -> torch.Tensor:
+        """Σ_k w_k · mean loss of the predictions at draft position k (MTP depth k, DFly block offset k)."""
         config = self.drafter.config
-        length = teacher.shape[1]
-        loss = depth_logits[0].sum() * 0.0  # stays in the graph (and DDP's) when a batch has no valid slot
-        for depth, (logits, weight) in enumerate(zip(depth_logits, config.depth_loss_weights)):
-            span = length - depth - 2
-            if span <= 0:
-                continue
-            valid = loss_mask[:, depth + 2 :].bool() & (document_ids[:, :span] == document_ids[:, depth + 2 :])
-            if not valid.any():
-                continue
-            student, target = logits[:, :span][valid], teacher[:, depth + 1 : depth + 1 + span][valid]
-            loss = loss + weight * distillation_kl(student, target, config.kl_top_k).mean()
+        per_prediction = draft_loss(logits, teacher, config.loss_type, config.kl_top_k, config.lk_eta)
+        weights = self.drafter.draft_position_weights()
+        loss = logits.sum() * 0.0  # stays in the graph (and DDP's) when a batch has no supervised prediction
+        for position in draft_positions.unique().tolist():
+            selected = draft_positions == position
+            loss = loss + weights[position - 1] * per_prediction[selected].mean()
             with torch.no_grad():
-                agreement = (student.argmax(-1) == target.argmax(-1)).float().mean().item()
-            self._metrics[f"top1_agreement_depth_{depth + 1}"].append(agreement)
+                agreement = (logits[selected].argmax(-1) == teacher[selected].argmax(-1)).float().mean().item()
+            self._metrics[f"top1_agreement_position_{position}"].append(agreement)
         return loss
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:

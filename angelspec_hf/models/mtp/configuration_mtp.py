@@ -18,8 +18,6 @@ class AngelSpecMTPConfig(AngelSpecDrafterConfig):
             the no-TTT ablation).
         depth_loss_weights (`list[float]`, *optional*):
             Weight of each depth's distillation loss; equal weights (1/D each) by default, as in the paper.
-        kl_top_k (`int`, *optional*):
-            Distil only the teacher's top-k tokens (renormalised) to bound memory; `None` uses the full draft vocab.
     """
 
     model_type = "angelspec_mtp"
@@ -29,7 +27,6 @@ class AngelSpecMTPConfig(AngelSpecDrafterConfig):
         num_depths: int = 3,
         ttt_token_choice: str = "argmax",
         depth_loss_weights: list[float] | None = None,
-        kl_top_k: int | None = None,
         **kwargs,
     ):
         if ttt_token_choice not in ("argmax", "sample", "ground_truth"):
@@ -39,5 +36,4 @@ class AngelSpecMTPConfig(AngelSpecDrafterConfig):
         self.num_depths = num_depths
         self.ttt_token_choice = ttt_token_choice
         self.depth_loss_weights = depth_loss_weights or [1.0 / num_depths] * num_depths
-        self.kl_top_k = kl_top_k
         super().__init__(**kwargs)

@@ -18,7 +18,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.utils import ModelOutput
 
-from ..base import AngelSpecDrafterPreTrainedModel, family_classes
+from ..base import AngelSpecDrafterPreTrainedModel, DraftPredictions, family_classes
 from .configuration_mtp import AngelSpecMTPConfig
 
 
@@ -29,13 +29,6 @@ class MTPDrafterOutput(ModelOutput):
     last_hidden_state: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     past_key_values: DynamicCache | None = None
-
-
-@dataclass
-class MTPRolloutOutput(ModelOutput):
-    """Draft-vocabulary logits of each TTT depth, each [B, T-1, V_draft] (slot t of depth k predicts x_{t+k+2})."""
-
-    logits: tuple[torch.Tensor, ...] | None = None
 
 
 @dataclass
@@ -113,15 +106,46 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         input_ids: torch.LongTensor,
         position_ids: torch.LongTensor,
         document_ids: torch.LongTensor,
-    ) -> MTPRolloutOutput:
+        loss_mask: torch.Tensor,
+    ) -> DraftPredictions:
+        """Training forward: the TTT rollout, keeping the predictions that are supervised.
+
+        Depth k at slot t predicts token t+k+2 against the target's distribution at position t+k+1: kept when that
+        token is a response token (`loss_mask`) of the same document.
+        """
+        length = input_ids.shape[1]
+        logits, teacher_positions, draft_positions = [], [], []
+        for depth, depth_logits in enumerate(self.rollout(target_hidden, input_ids, position_ids, document_ids)):
+            span = length - depth - 2
+            if span <= 0:
+                break
+            valid = loss_mask[:, depth + 2 :].bool() & (document_ids[:, :span] == document_ids[:, depth + 2 :])
+            rows, slots = valid.nonzero(as_tuple=True)
+            logits.append(depth_logits[rows, slots])
+            teacher_positions.append(rows * length + slots + depth + 1)
+            draft_positions.append(torch.full_like(slots, depth + 1))
+        return DraftPredictions(
+            logits=torch.cat(logits), teacher_positions=torch.cat(teacher_positions), draft_positions=torch.cat(draft_positions)
+        )
+
+    def draft_position_weights(self) -> torch.Tensor:
+        return torch.tensor(self.config.depth_loss_weights)
+
+    def rollout(
+        self,
+        target_hidden: torch.Tensor,
+        input_ids: torch.LongTensor,
+        position_ids: torch.LongTensor,
+        document_ids: torch.LongTensor,
+    ) -> tuple[torch.Tensor, ...]:
         """Training-time test: unroll the D depths over a (packed) sequence, as inference will run them.
 
         Slot t pairs the target state h_t with token x_{t+1}; depth k at slot t predicts x_{t+k+2}. Depth 0 reads the
         ground-truth token; depth k >= 1 reads the token the drafter chose at depth k-1 (`config.ttt_token_choice`)
         and its hidden state. A depth-k query attends to depth-0 keys of earlier slots of its document (causal) and
         to its own slot's keys at depths 1..k — exactly the cache layout of one inference round.
-        `target_hidden` is [B, 1, T, H] (the states of `target_hidden_state_indices`); the output holds the
-        draft-vocabulary logits of every depth, each [B, T-1, V_draft].
+        `target_hidden` is [B, 1, T, H] (the states of `target_hidden_state_indices`). Returns the draft-vocabulary
+        logits of every depth, each [B, T-1, V_draft].
         """
         slots = input_ids.shape[1] - 1
         tokens = input_ids[:, 1:]
@@ -141,7 +165,7 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
             all_logits.append(output.logits)
             hidden = output.last_hidden_state
             tokens = self._next_depth_tokens(output.logits.detach(), input_ids, depth)
-        return MTPRolloutOutput(logits=tuple(all_logits))
+        return tuple(all_logits)
 
     def _next_depth_tokens(self, logits: torch.Tensor, input_ids: torch.LongTensor, depth: int) -> torch.LongTensor:
         """Token read by depth+1 at each slot: the drafter's own choice (TTT) or the ground truth x_{t+depth+2}."""
