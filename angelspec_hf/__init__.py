@@ -7,7 +7,7 @@ Importing the package registers the drafters with the transformers Auto classes 
 from .generation import install as _install_generation
 from .generation import speculative_generate
 from .metrics import SpeculationStats
-from .models import AngelSpecMTPConfig, AngelSpecMTPDrafter
+from .models import AngelSpecMTPConfig, AngelSpecMTPDrafter, DFlyConfig, DFlyDrafter
 from .targets import load_target, tokenizer_fingerprint
 
 _install_generation()
@@ -17,6 +17,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AngelSpecMTPConfig",
     "AngelSpecMTPDrafter",
+    "DFlyConfig",
+    "DFlyDrafter",
     "SpeculationStats",
     "load_target",
     "speculative_generate",

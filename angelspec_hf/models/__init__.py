@@ -3,10 +3,12 @@
 from transformers import AutoConfig, AutoModel
 
 from .base import AngelSpecDrafterConfig, AngelSpecDrafterPreTrainedModel
+from .dfly import DFlyConfig, DFlyDrafter
 from .mtp import AngelSpecMTPConfig, AngelSpecMTPDrafter
 
 DRAFTER_CLASSES = {
     AngelSpecMTPConfig.model_type: (AngelSpecMTPConfig, AngelSpecMTPDrafter),
+    DFlyConfig.model_type: (DFlyConfig, DFlyDrafter),
 }
 
 for _config_class, _model_class in DRAFTER_CLASSES.values():
@@ -18,5 +20,7 @@ __all__ = [
     "AngelSpecDrafterPreTrainedModel",
     "AngelSpecMTPConfig",
     "AngelSpecMTPDrafter",
+    "DFlyConfig",
+    "DFlyDrafter",
     "DRAFTER_CLASSES",
 ]

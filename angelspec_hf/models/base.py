@@ -15,6 +15,7 @@ import re
 import shutil
 import tempfile
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -49,6 +50,7 @@ class FamilyClasses:
     decoder_layer: type[nn.Module]
     rms_norm: type[nn.Module]
     rotary_embedding: type[nn.Module]
+    apply_rotary_pos_emb: Callable
 
 
 def family_classes(model_type: str) -> FamilyClasses:
@@ -63,7 +65,10 @@ def family_classes(model_type: str) -> FamilyClasses:
     prefix = layer_names[0][: -len("DecoderLayer")]
     try:
         return FamilyClasses(
-            getattr(module, layer_names[0]), getattr(module, f"{prefix}RMSNorm"), getattr(module, f"{prefix}RotaryEmbedding")
+            getattr(module, layer_names[0]),
+            getattr(module, f"{prefix}RMSNorm"),
+            getattr(module, f"{prefix}RotaryEmbedding"),
+            module.apply_rotary_pos_emb,
         )
     except AttributeError as error:
         raise ValueError(f"Model type {model_type!r} has no RMSNorm / rotary embedding to build a drafter from") from error
