@@ -120,6 +120,30 @@ def test_resume_from_checkpoint_continues_the_same_run(chat_target, smollm2_toke
         torch.testing.assert_close(a, b, msg=name, rtol=1e-4, atol=1e-5)
 
 
+def test_example_script_trains_dfly_with_the_same_trainer(chat_target, smollm2_tokenizer, responses, tmp_path):
+    """One trainer, one script: DFly (hybrid conditioning, AR head, LK loss, online hidden states) trains too."""
+    sys.path.insert(0, os.path.join(REPO, "examples"))
+    try:
+        from train_drafter import main as train_main
+    finally:
+        sys.path.pop(0)
+    target_dir = tmp_path / "target"
+    chat_target.save_pretrained(target_dir)
+    smollm2_tokenizer.save_pretrained(target_dir)
+    train_main([
+        "--config", os.path.join(REPO, "examples", "configs", "tiny_dfly.yaml"), "--target", str(target_dir),
+        "--responses", responses, "--output_dir", str(tmp_path / "dfly"),
+    ])
+    drafter = AutoModel.from_pretrained(tmp_path / "dfly")
+    assert type(drafter).__name__ == "DFlyDrafter" and drafter.config.loss_type == "lk"
+    assert drafter.config.mask_token_id == smollm2_tokenizer.unk_token_id
+    assert drafter.ar_head.down_proj.weight.abs().sum() > 0, "the AR head was trained"
+    drafter.bind_target(chat_target, smollm2_tokenizer)
+    prompt = torch.tensor([encode_chat(smollm2_tokenizer, "Write a loop in Python.")])
+    expected = chat_target.generate(prompt, max_new_tokens=10, do_sample=False)
+    assert torch.equal(chat_target.generate(prompt, max_new_tokens=10, do_sample=False, assistant_model=drafter), expected)
+
+
 def test_example_script_trains_with_two_cpu_processes(chat_target, smollm2_tokenizer, responses, tmp_path):
     """`accelerate launch --multi_gpu --num_processes 2` on CPU really runs DDP with world size 2 (gloo)."""
     target_dir = tmp_path / "target"

@@ -1,0 +1,157 @@
+"""Train an AngelSpec drafter (MTP with training-time test, or DFly / its DFlash ablation) with `AngelSpecTrainer`.
+
+    accelerate launch examples/train_drafter.py --config examples/configs/smollm2_mtp.yaml
+    accelerate launch --multi_gpu --num_processes 2 examples/train_drafter.py --config ...   # CPU DDP (gloo)
+
+The YAML holds the fields of `DrafterArguments`, `DataArguments` and `transformers.TrainingArguments`; any
+`--field value` after `--config` overrides it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+import yaml  # noqa: E402
+from transformers import HfArgumentParser, TrainingArguments, set_seed  # noqa: E402
+from transformers.trainer_utils import get_last_checkpoint  # noqa: E402
+
+from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, load_target  # noqa: E402
+from angelspec_hf.prompts import encode_chat, load_prompts  # noqa: E402
+from angelspec_hf.training import (  # noqa: E402
+    AcceptanceCallback,
+    AngelSpecTrainer,
+    PackedCollator,
+    build_training_dataset,
+    precompute_hidden_states,
+)
+from angelspec_hf.training.regenerate import read_responses  # noqa: E402
+
+
+@dataclass
+class DrafterArguments:
+    target: str = field(default="smollm2", metadata={"help": "target: 'smollm2' (embedded), a folder, or dir::file.gguf"})
+    drafter_type: str = field(default="mtp", metadata={"help": "mtp | dfly"})
+    draft_vocab_size: int | None = field(default=None, metadata={"help": "reduced draft vocabulary size (None: full)"})
+    loss_type: str = field(default="kl", metadata={"help": "kl | ce | tv | lk"})
+    kl_top_k: int | None = field(default=None, metadata={"help": "distil only the teacher's top-k tokens"})
+    lk_eta: float = field(default=3.0, metadata={"help": "η of the lk loss"})
+    # MTP
+    num_depths: int = field(default=3, metadata={"help": "MTP: D, draft tokens per round = TTT depths"})
+    ttt_token_choice: str = field(default="argmax", metadata={"help": "MTP: argmax | sample | ground_truth (no TTT)"})
+    depth_loss_weights: list[float] | None = field(default=None, metadata={"help": "MTP: per-depth loss weights"})
+    # DFly
+    block_size: int = field(default=16, metadata={"help": "DFly: block size (anchor + drafts)"})
+    num_draft_layers: int = field(default=3, metadata={"help": "DFly: draft decoder layers"})
+    target_layer_ids: list[int] | None = field(default=None, metadata={"help": "DFly: tapped target layers"})
+    mask_token_id: int | None = field(default=None, metadata={"help": "DFly: mask token id (default: unk/pad)"})
+    per_layer_context_mix: bool = field(default=True, metadata={"help": "DFly: hybrid conditioning (off: DFlash)"})
+    ar_head: bool = field(default=True, metadata={"help": "DFly: predecessor-conditioned head (off: DFlash)"})
+    position_decay_gamma: float = field(default=7.0, metadata={"help": "DFly: γ of the block position weights"})
+    anchors_per_row: int = field(default=32, metadata={"help": "DFly: random anchor blocks per packed row"})
+
+    def build(self, target, tokenizer):
+        """A fresh drafter of `drafter_type` for `target`."""
+        common = dict(
+            draft_vocab_size=self.draft_vocab_size, loss_type=self.loss_type, kl_top_k=self.kl_top_k, lk_eta=self.lk_eta
+        )
+        if self.drafter_type == "mtp":
+            return AngelSpecMTPDrafter.from_target(
+                target, tokenizer, num_depths=self.num_depths, ttt_token_choice=self.ttt_token_choice,
+                depth_loss_weights=self.depth_loss_weights, **common,
+            )
+        if self.drafter_type == "dfly":
+            mask = self.mask_token_id
+            if mask is None:
+                mask = tokenizer.unk_token_id if tokenizer.unk_token_id is not None else tokenizer.pad_token_id
+            return DFlyDrafter.from_target(
+                target, tokenizer, block_size=self.block_size, num_draft_layers=self.num_draft_layers,
+                target_layer_ids=self.target_layer_ids, mask_token_id=mask,
+                per_layer_context_mix=self.per_layer_context_mix, ar_head=self.ar_head,
+                position_decay_gamma=self.position_decay_gamma, anchors_per_row=self.anchors_per_row, **common,
+            )
+        raise ValueError(f"drafter_type must be 'mtp' or 'dfly', got {self.drafter_type!r}")
+
+
+@dataclass
+class DataArguments:
+    responses: str = field(metadata={"help": "gzipped JSONL of regenerated responses (angelspec regenerate)"})
+    max_length: int = field(default=1024, metadata={"help": "tokens per packed row"})
+    hidden_states: str = field(default="offline", metadata={"help": "offline (precomputed cache) | online"})
+    hidden_cache_dir: str = field(default=".cache/hidden_states", metadata={"help": "where offline states go"})
+    hidden_dtype: str = field(default="float16", metadata={"help": "storage dtype of offline states"})
+    eval_sources: str = field(default="mt_bench", metadata={"help": "held-back prompts for the acceptance callback"})
+    eval_prompts: int = field(default=4, metadata={"help": "how many held-back prompts"})
+    eval_max_new_tokens: int = field(default=64)
+    eval_every_n_steps: int = field(default=100)
+    data_dir: str | None = field(default=None, metadata={"help": "local prompt folder (default ../shared/data)"})
+
+
+def parse_arguments(argv: list[str]):
+    """`--config FILE.yaml` anywhere in `argv` supplies defaults; the other `--field value` pairs override them."""
+    parser = HfArgumentParser((DrafterArguments, DataArguments, TrainingArguments))
+    if "--config" in argv:
+        at = argv.index("--config")
+        with open(argv[at + 1]) as handle:
+            values = yaml.safe_load(handle) or {}
+        flat = []
+        for key, value in values.items():
+            flat.append(f"--{key}")
+            flat += [str(v) for v in value] if isinstance(value, list) else [str(value)]
+        argv = flat + argv[:at] + argv[at + 2 :]
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+def main(argv: list[str]) -> None:
+    drafter_args, data_args, training_args = parse_arguments(argv)
+    set_seed(training_args.seed)
+    target = load_target(drafter_args.target)
+    records = read_responses(data_args.responses)
+
+    drafter = drafter_args.build(target.model, target.tokenizer)
+    if drafter_args.draft_vocab_size:
+        counts = torch.zeros(drafter.config.vocab_size)
+        for record in records:
+            counts += torch.bincount(torch.tensor(record["response_ids"]), minlength=counts.numel())[: counts.numel()]
+        eos = target.model.generation_config.eos_token_id
+        drafter.init_draft_vocab(counts, always_keep=eos if isinstance(eos, list) else [eos])
+
+    dataset = build_training_dataset(data_args.responses, data_args.max_length, seed=training_args.seed)
+    if data_args.hidden_states == "offline":
+        with training_args.main_process_first(desc="precomputing target hidden states"):
+            dataset = precompute_hidden_states(
+                dataset, target.model, drafter.training_hidden_state_indices(), data_args.hidden_cache_dir,
+                dtype=data_args.hidden_dtype,
+            )
+    elif data_args.hidden_states != "online":
+        raise ValueError(f"hidden_states must be 'offline' or 'online', got {data_args.hidden_states!r}")
+
+    trained_prompts = {record["prompt"] for record in records}
+    held_back = [
+        torch.tensor([encode_chat(target.tokenizer, row["prompt"])])
+        for row in load_prompts(data_args.eval_sources, data_dir=data_args.data_dir)
+        if row["prompt"] not in trained_prompts
+    ][: data_args.eval_prompts]
+    callback = AcceptanceCallback(
+        target.model, held_back, data_args.eval_max_new_tokens, every_n_steps=data_args.eval_every_n_steps
+    )
+    trainer = AngelSpecTrainer(
+        model=drafter,
+        args=training_args,
+        train_dataset=dataset,
+        data_collator=PackedCollator(),
+        callbacks=[callback],
+        target=target.model,
+    )
+    print(f"world size {trainer.accelerator.num_processes}, {len(dataset)} packed rows", flush=True)
+    last = get_last_checkpoint(training_args.output_dir) if os.path.isdir(training_args.output_dir) else None
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint or last)
+    trainer.save_model(training_args.output_dir)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
