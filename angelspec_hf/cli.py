@@ -34,17 +34,19 @@ def _demo(args: argparse.Namespace) -> None:
     import torch
     from transformers import AutoModel
 
-    from .benchmark.bench import format_table, run_benchmark
+    from .benchmark.bench import drafter_methods, format_table, run_benchmark
     from .prompts import default_data_dir, encode_chat, load_prompts
     from .targets import load_target
 
     target = load_target(args.target)
-    drafter = AutoModel.from_pretrained(args.drafter).eval()
+    drafter = AutoModel.from_pretrained(args.drafter).eval().bind_target(target.model, target.tokenizer)
     if default_data_dir() is not None:
         prompts = [row["prompt"] for row in load_prompts("mt_bench", limit=args.limit)]
     else:
         prompts = DEMO_PROMPTS[: args.limit]
-    results = run_benchmark(target.model, target.tokenizer, {"drafter": drafter}, prompts, args.max_new_tokens)
+    results = run_benchmark(
+        target.model, target.tokenizer, drafter_methods("drafter", drafter), prompts, args.max_new_tokens
+    )
     input_ids = torch.tensor([encode_chat(target.tokenizer, prompts[0])])
     sample = target.model.generate(input_ids, assistant_model=drafter, max_new_tokens=args.max_new_tokens, do_sample=False)
     print(f"\nPrompt: {prompts[0]}\nSmolLM2 + MTP drafter: {target.tokenizer.decode(sample[0, input_ids.shape[1]:], skip_special_tokens=True)}\n")

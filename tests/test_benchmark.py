@@ -6,7 +6,7 @@ import math
 import torch
 from conftest import make_target
 
-from angelspec_hf import AngelSpecMTPDrafter
+from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
 from angelspec_hf.cli import main as cli_main
 
 
@@ -17,23 +17,32 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
     AngelSpecMTPDrafter.from_target(target, smollm2_tokenizer, num_depths=3, draft_vocab_size=256).save_pretrained(
         tmp_path / "drafter"
     )
+    DFlyDrafter.from_target(
+        target, smollm2_tokenizer, block_size=4, num_draft_layers=1, mask_token_id=0, per_layer_context_mix=False,
+        ar_head=False,
+    ).save_pretrained(tmp_path / "dflash")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "Say hello."}) + "\n" + json.dumps({"turns": ["Name a colour.", "Why?"]}) + "\n")
     output = tmp_path / "results.json"
     cli_main([
-        "bench", "--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"), "--prompts", str(prompts),
+        "bench", "--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"),
+        "--drafter", str(tmp_path / "dflash"), "--prompts", str(prompts),
         "--max-new-tokens", "12", "--full-vocab-variant", "--output", str(output),
     ])
     results = json.loads(output.read_text())
     names = [method["name"] for method in results["methods"]]
-    assert names == ["ar", "mtp:drafter", "mtp:drafter+full-vocab-head"] and results["num_prompts"] == 2
+    assert names == [
+        "ar", "mtp:drafter", "mtp:drafter+full-vocab-head", "dflash:dflash", "transformers-dflash:dflash"
+    ]
+    assert results["num_prompts"] == 2 and results["methods"][0]["tau"] == 1.0
     for method in results["methods"]:
         for key in ("tau", "tokens_per_s", "speedup", "identical_fraction"):
             assert math.isfinite(method[key]), (method["name"], key)
         assert isinstance(method["acceptance_by_depth"], list)
     for speculative in results["methods"][1:]:
         assert speculative["identical_fraction"] == 1.0 and speculative["divergences"] == 0
-        assert len(speculative["acceptance_by_depth"]) == 3 and speculative["tau"] >= 1.0
-        assert 0.0 < speculative["draft_fraction"] < 1.0
+        assert speculative["tau"] >= 1.0 and speculative["target_forwards"] > 0
+    for ours in results["methods"][1:4]:
+        assert len(ours["acceptance_by_depth"]) == 3 and 0.0 < ours["draft_fraction"] < 1.0
     assert results["machine"]["torch"] == torch.__version__
     assert "mtp:drafter" in capsys.readouterr().out

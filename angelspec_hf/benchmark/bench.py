@@ -41,11 +41,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @dataclass
+class Method:
+    """One way of decoding: extra `generate()` arguments, and the drafter whose acceptance statistics it records."""
+
+    name: str
+    generate_kwargs: dict = field(default_factory=dict)
+    drafter: torch.nn.Module | None = None
+
+
+@dataclass
 class MethodResult:
     name: str
-    drafter: str | None = None
     seconds: float = 0.0
     new_tokens: int = 0
+    target_forwards: int = 0
     identical: int = 0
     divergences: int = 0
     near_tie_divergences: int = 0
@@ -56,8 +65,7 @@ class MethodResult:
         tokens_per_s = self.new_tokens / self.seconds if self.seconds else 0.0
         return {
             "name": self.name,
-            "drafter": self.drafter,
-            "tau": self.stats.tau if self.stats.drafted else 1.0,
+            "tau": self.new_tokens / self.target_forwards if self.target_forwards else 0.0,
             "acceptance_by_depth": self.stats.acceptance_by_depth(),
             "tokens_per_s": tokens_per_s,
             "speedup": tokens_per_s / ar_tokens_per_s if ar_tokens_per_s else 0.0,
@@ -66,9 +74,28 @@ class MethodResult:
             "divergences": self.divergences,
             "near_tie_divergences": self.near_tie_divergences,
             "new_tokens": self.new_tokens,
+            "target_forwards": self.target_forwards,
             "seconds": self.seconds,
             "prompts": self.prompts,
         }
+
+
+def drafter_methods(name: str, drafter, full_vocab_variant: bool = False) -> list[Method]:
+    """The methods a drafter takes part in: ours through `generate(assistant_model=...)`, and for the DFlash
+    configuration also transformers' built-in DFlash generator."""
+    config = drafter.config
+    if config.model_type == "angelspec_mtp":
+        kind = "mtp"
+    else:
+        kind = "dfly" if (config.per_layer_context_mix or config.ar_head) else "dflash"
+    methods = [Method(f"{kind}:{name}", {"assistant_model": drafter}, drafter)]
+    if full_vocab_variant and config.draft_vocab_size:
+        full = drafter.with_full_vocabulary()
+        methods.append(Method(f"{kind}:{name}+full-vocab-head", {"assistant_model": full}, full))
+    if kind == "dflash":
+        builtin = {"assistant_model": drafter.as_transformers_dflash(), "speculation_type": "dflash"}
+        methods.append(Method(f"transformers-dflash:{name}", builtin))
+    return methods
 
 
 @torch.no_grad()
@@ -79,47 +106,46 @@ def top2_gap(target, sequence: torch.Tensor, position: int) -> float:
     return float(top[0] - top[1])
 
 
-def _timed_generate(target, input_ids, **kwargs) -> tuple[torch.Tensor, float]:
-    start = time.perf_counter()
-    output = target.generate(input_ids, do_sample=False, **kwargs)
-    return output, time.perf_counter() - start
+class ForwardCounter:
+    """Counts target forwards (a forward hook): τ = new tokens / target forwards for any method, built-in ones too."""
+
+    def __init__(self, target):
+        self.count = 0
+        self.handle = target.register_forward_hook(self._hook)
+
+    def _hook(self, *args):
+        self.count += 1
 
 
-def run_benchmark(
-    target, tokenizer, drafters: dict[str, torch.nn.Module], prompts: list[str], max_new_tokens: int,
-    num_draft_tokens: int | None = None,
-) -> dict:
-    """Run AR and every drafter on `prompts`; return the JSON-ready results."""
-    for drafter in drafters.values():
-        drafter.bind_target(target, tokenizer)
-        if num_draft_tokens is not None:
-            drafter.generation_config.num_assistant_tokens = num_draft_tokens
+def run_benchmark(target, tokenizer, methods: list[Method], prompts: list[str], max_new_tokens: int) -> dict:
+    """Run AR and every method on `prompts`, back to back per prompt; return the JSON-ready results."""
     encoded = [torch.tensor([encode_chat(tokenizer, prompt)]) for prompt in prompts]
-    results = {"ar": MethodResult("ar")}
-    results.update({name: MethodResult(f"mtp:{name}" if name else "mtp", drafter=name) for name in drafters})
-    stop = {"max_new_tokens": max_new_tokens, "min_new_tokens": 0}
-    if encoded:  # warm-up: first calls pay for allocations and kernel selection
-        _timed_generate(target, encoded[0], max_new_tokens=4)
-        for drafter in drafters.values():
-            _timed_generate(target, encoded[0], max_new_tokens=4, assistant_model=drafter)
-    for input_ids in tqdm(encoded, desc="bench", unit="prompt"):
-        reference, seconds = _timed_generate(target, input_ids, **stop)
-        _record(results["ar"], reference, input_ids, seconds)
-        results["ar"].identical += 1
-        for name, drafter in drafters.items():
-            output, seconds = _timed_generate(target, input_ids, assistant_model=drafter, **stop)
-            result = results[name]
-            _record(result, output, input_ids, seconds)
-            result.stats = result.stats + drafter.speculation_stats
-            if torch.equal(output, reference):
-                result.identical += 1
-            else:
-                result.divergences += 1
-                length = min(output.shape[1], reference.shape[1])
-                differing = (output[0, :length] != reference[0, :length]).nonzero()
-                position = int(differing[0]) if len(differing) else length
-                if position < reference.shape[1] and top2_gap(target, reference, position) < NEAR_TIE_GAP:
-                    result.near_tie_divergences += 1
+    methods = [Method("ar")] + methods
+    results = {method.name: MethodResult(method.name) for method in methods}
+    counter = ForwardCounter(target)
+    stop = {"max_new_tokens": max_new_tokens, "min_new_tokens": 0, "do_sample": False}
+    try:
+        if encoded:  # warm-up: first calls pay for allocations and kernel selection
+            for method in methods:
+                target.generate(encoded[0], max_new_tokens=4, do_sample=False, **method.generate_kwargs)
+        for input_ids in tqdm(encoded, desc="bench", unit="prompt"):
+            reference = None
+            for method in methods:
+                result = results[method.name]
+                counter.count = 0
+                start = time.perf_counter()
+                output = target.generate(input_ids, **stop, **method.generate_kwargs)
+                result.seconds += time.perf_counter() - start
+                result.target_forwards += counter.count
+                result.new_tokens += output.shape[1] - input_ids.shape[1]
+                result.prompts += 1
+                if method.drafter is not None:
+                    result.stats = result.stats + method.drafter.speculation_stats
+                if reference is None:
+                    reference = output  # AR runs first
+                _compare(result, output, reference, target)
+    finally:
+        counter.handle.remove()
     ar = results["ar"]
     ar_tokens_per_s = ar.new_tokens / ar.seconds if ar.seconds else 0.0
     return {
@@ -131,10 +157,17 @@ def run_benchmark(
     }
 
 
-def _record(result: MethodResult, output: torch.Tensor, input_ids: torch.Tensor, seconds: float) -> None:
-    result.seconds += seconds
-    result.new_tokens += output.shape[1] - input_ids.shape[1]
-    result.prompts += 1
+def _compare(result: MethodResult, output: torch.Tensor, reference: torch.Tensor, target) -> None:
+    """Count identical outputs; classify a divergence as a near-tie by the AR top-2 gap where it starts."""
+    if torch.equal(output, reference):
+        result.identical += 1
+        return
+    result.divergences += 1
+    length = min(output.shape[1], reference.shape[1])
+    differing = (output[0, :length] != reference[0, :length]).nonzero()
+    position = int(differing[0]) if len(differing) else length
+    if position < reference.shape[1] and top2_gap(target, reference, position) < NEAR_TIE_GAP:
+        result.near_tie_divergences += 1
 
 
 def machine_state() -> dict:
@@ -166,17 +199,16 @@ def main(args: argparse.Namespace) -> dict:
     from ..targets import load_target
 
     target = load_target(args.target)
-    drafters = {}
+    methods = []
     for path in args.drafter:
         if not os.path.isdir(path):
             raise FileNotFoundError(f"Drafter folder not found: {path}")
-        name = os.path.basename(os.path.normpath(path))
-        drafters[name] = AutoModel.from_pretrained(path).eval()
-        if args.full_vocab_variant and drafters[name].config.draft_vocab_size:
-            drafters[name].bind_target(target.model, target.tokenizer)
-            drafters[f"{name}+full-vocab-head"] = drafters[name].with_full_vocabulary()
+        drafter = AutoModel.from_pretrained(path).eval().bind_target(target.model, target.tokenizer)
+        if args.num_draft_tokens is not None:
+            drafter.generation_config.num_assistant_tokens = args.num_draft_tokens
+        methods += drafter_methods(os.path.basename(os.path.normpath(path)), drafter, args.full_vocab_variant)
     prompts = [row["prompt"] for row in load_prompts(args.prompts, data_dir=args.data_dir, limit=args.limit)]
-    results = run_benchmark(target.model, target.tokenizer, drafters, prompts, args.max_new_tokens, args.num_draft_tokens)
+    results = run_benchmark(target.model, target.tokenizer, methods, prompts, args.max_new_tokens)
     results["prompts"] = args.prompts
     results["command"] = "angelspec bench " + " ".join(
         f"--drafter {d}" for d in args.drafter
