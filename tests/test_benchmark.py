@@ -27,7 +27,7 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
     cli_main([
         "bench", "--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"),
         "--drafter", str(tmp_path / "dflash"), "--prompts", str(prompts),
-        "--max-new-tokens", "12", "--full-vocab-variant", "--output", str(output),
+        "--max-new-tokens", "12", "--full-vocab-variant", "--markdown", "--output", str(output),
     ])
     results = json.loads(output.read_text())
     names = [method["name"] for method in results["methods"]]
@@ -45,4 +45,5 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
     for ours in results["methods"][1:4]:
         assert len(ours["acceptance_by_depth"]) == 3 and 0.0 < ours["draft_fraction"] < 1.0
     assert results["machine"]["torch"] == torch.__version__
-    assert "mtp:drafter" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "mtp:drafter" in printed and "| transformers-dflash:dflash |" in printed

@@ -38,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also run each reduced-vocabulary drafter with the target's full lm_head (what the reduced head saves)",
     )
     parser.add_argument("--output", default=None, help="write results as JSON here")
+    parser.add_argument("--markdown", action="store_true", help="also print the results as a Markdown table")
 
 
 @dataclass
@@ -70,6 +71,7 @@ class MethodResult:
             "tokens_per_s": tokens_per_s,
             "speedup": tokens_per_s / ar_tokens_per_s if ar_tokens_per_s else 0.0,
             "identical_fraction": self.identical / self.prompts if self.prompts else 0.0,
+            "identical": self.identical,
             "draft_fraction": self.stats.draft_seconds / self.seconds if self.seconds else 0.0,
             "divergences": self.divergences,
             "near_tie_divergences": self.near_tie_divergences,
@@ -193,6 +195,21 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def markdown_table(results: dict) -> str:
+    """The results as a Markdown table (model cards and BENCHMARKS.md take their numbers from here)."""
+    lines = [
+        "| method | τ | tokens/s | speedup vs AR | identical to AR | near-tie divergences | acceptance by depth |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for method in results["methods"]:
+        depths = ", ".join(f"{rate:.2f}" for rate in method["acceptance_by_depth"]) or "—"
+        lines.append(
+            f"| {method['name']} | {method['tau']:.2f} | {method['tokens_per_s']:.1f} | {method['speedup']:.2f}× | "
+            f"{method['identical']}/{method['prompts']} | {method['near_tie_divergences']} | {depths} |"
+        )
+    return "\n".join(lines)
+
+
 def main(args: argparse.Namespace) -> dict:
     from transformers import AutoModel
 
@@ -214,6 +231,8 @@ def main(args: argparse.Namespace) -> dict:
         f"--drafter {d}" for d in args.drafter
     ) + f" --prompts {args.prompts} --limit {args.limit} --max-new-tokens {args.max_new_tokens}"
     print(format_table(results))
+    if args.markdown:
+        print("\n" + markdown_table(results))
     if args.output:
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         with open(args.output, "w") as handle:
