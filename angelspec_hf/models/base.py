@@ -191,11 +191,6 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
             **config_kwargs,
         )
         drafter = cls(config).to(dtype=target.dtype, device=target.device)
-        target_norm = getattr(target.base_model, "norm", None)
-        if target_norm is not None and getattr(drafter, "norm", None) is not None:
-            # The drafter's final norm feeds the target's lm_head: start at the target's own scale.
-            with torch.no_grad():
-                drafter.norm.weight.copy_(target_norm.weight)
         return drafter.bind_target(target, tokenizer)
 
     # -- target binding -------------------------------------------------------------------------------------------
