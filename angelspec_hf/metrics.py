@@ -12,19 +12,24 @@ from dataclasses import dataclass, field
 
 @dataclass
 class SpeculationStats:
-    """Per-round record of drafted and accepted token counts; add two stats to pool them."""
+    """Per-round record of drafted and accepted token counts, and drafting time (in total, and per phase where a
+    drafter reports phases, e.g. DFly's backbone and AR head); add two stats to pool them."""
 
     drafted: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
     draft_seconds: float = 0.0
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
     def record_round(self, drafted: int, accepted: int) -> None:
         self.drafted.append(drafted)
         self.accepted.append(accepted)
 
     def __add__(self, other: "SpeculationStats") -> "SpeculationStats":
+        phases = dict(self.phase_seconds)
+        for name, seconds in other.phase_seconds.items():
+            phases[name] = phases.get(name, 0.0) + seconds
         return SpeculationStats(
-            self.drafted + other.drafted, self.accepted + other.accepted, self.draft_seconds + other.draft_seconds
+            self.drafted + other.drafted, self.accepted + other.accepted, self.draft_seconds + other.draft_seconds, phases
         )
 
     @property

@@ -44,6 +44,9 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
         assert speculative["tau"] >= 1.0 and speculative["target_forwards"] > 0
     for ours in results["methods"][1:4]:
         assert len(ours["acceptance_by_depth"]) == 3 and 0.0 < ours["draft_fraction"] < 1.0
+    dflash_split = results["methods"][3]["time_split"]
+    assert set(dflash_split) == {"draft_backbone", "draft_head", "target_forward", "other"}
+    assert 0.0 < dflash_split["target_forward"] < 1.0 and abs(sum(dflash_split.values()) - 1.0) < 1e-6
     assert results["machine"]["torch"] == torch.__version__
     printed = capsys.readouterr().out
     assert "mtp:drafter" in printed and "| transformers-dflash:dflash |" in printed

@@ -43,6 +43,17 @@ def test_save_and_load_round_trip_through_auto_classes(tmp_path):
     assert torch.equal(target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=loaded), expected)
 
 
+def test_half_precision_checkpoint_drafts_in_the_target_precision(tmp_path):
+    target = make_target("llama", dtype=torch.float32)
+    AngelSpecMTPDrafter.from_target(target, draft_vocab_size=32).half().save_pretrained(tmp_path)
+    drafter = AutoModel.from_pretrained(tmp_path)
+    assert drafter.dtype == torch.float16
+    prompt = torch.tensor([[5, 6, 7]])
+    expected = target.generate(prompt, max_new_tokens=8, do_sample=False)
+    assert torch.equal(target.generate(prompt, max_new_tokens=8, do_sample=False, assistant_model=drafter), expected)
+    assert drafter.dtype == torch.float32
+
+
 def test_checkpoint_loads_with_remote_code_where_the_package_is_missing(tmp_path):
     drafter = AngelSpecMTPDrafter.from_target(make_target("llama"), num_depths=2, draft_vocab_size=32)
     drafter.save_pretrained(tmp_path)

@@ -56,6 +56,7 @@ class MethodResult:
     seconds: float = 0.0
     new_tokens: int = 0
     target_forwards: int = 0
+    target_seconds: float = 0.0
     identical: int = 0
     divergences: int = 0
     near_tie_divergences: int = 0
@@ -73,6 +74,7 @@ class MethodResult:
             "identical_fraction": self.identical / self.prompts if self.prompts else 0.0,
             "identical": self.identical,
             "draft_fraction": self.stats.draft_seconds / self.seconds if self.seconds else 0.0,
+            "time_split": self.time_split(),
             "divergences": self.divergences,
             "near_tie_divergences": self.near_tie_divergences,
             "new_tokens": self.new_tokens,
@@ -80,6 +82,17 @@ class MethodResult:
             "seconds": self.seconds,
             "prompts": self.prompts,
         }
+
+
+    def time_split(self) -> dict[str, float]:
+        """Share of wall time in drafting (by phase where the drafter reports phases), target forwards, the rest."""
+        if not self.seconds:
+            return {}
+        phases = self.stats.phase_seconds or {"draft": self.stats.draft_seconds}
+        split = {name: seconds / self.seconds for name, seconds in phases.items()}
+        split["target_forward"] = self.target_seconds / self.seconds
+        split["other"] = max(0.0, 1.0 - sum(split.values()))
+        return split
 
 
 def drafter_methods(name: str, drafter, full_vocab_variant: bool = False) -> list[Method]:
@@ -108,15 +121,27 @@ def top2_gap(target, sequence: torch.Tensor, position: int) -> float:
     return float(top[0] - top[1])
 
 
-class ForwardCounter:
-    """Counts target forwards (a forward hook): τ = new tokens / target forwards for any method, built-in ones too."""
+class TargetForwardMeter:
+    """Counts and times target forwards with hooks, for any method (built-in ones too): τ = new tokens / forwards,
+    and the verify share of a round."""
 
     def __init__(self, target):
-        self.count = 0
-        self.handle = target.register_forward_hook(self._hook)
+        self.count, self.seconds, self._start = 0, 0.0, 0.0
+        self.handles = [target.register_forward_pre_hook(self._before), target.register_forward_hook(self._after)]
 
-    def _hook(self, *args):
+    def reset(self) -> None:
+        self.count, self.seconds = 0, 0.0
+
+    def _before(self, *args):
+        self._start = time.perf_counter()
+
+    def _after(self, *args):
         self.count += 1
+        self.seconds += time.perf_counter() - self._start
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
 
 
 def run_benchmark(target, tokenizer, methods: list[Method], prompts: list[str], max_new_tokens: int) -> dict:
@@ -124,7 +149,7 @@ def run_benchmark(target, tokenizer, methods: list[Method], prompts: list[str], 
     encoded = [torch.tensor([encode_chat(tokenizer, prompt)]) for prompt in prompts]
     methods = [Method("ar")] + methods
     results = {method.name: MethodResult(method.name) for method in methods}
-    counter = ForwardCounter(target)
+    meter = TargetForwardMeter(target)
     stop = {"max_new_tokens": max_new_tokens, "min_new_tokens": 0, "do_sample": False}
     try:
         if encoded:  # warm-up: first calls pay for allocations and kernel selection
@@ -134,11 +159,12 @@ def run_benchmark(target, tokenizer, methods: list[Method], prompts: list[str], 
             reference = None
             for method in methods:
                 result = results[method.name]
-                counter.count = 0
+                meter.reset()
                 start = time.perf_counter()
                 output = target.generate(input_ids, **stop, **method.generate_kwargs)
                 result.seconds += time.perf_counter() - start
-                result.target_forwards += counter.count
+                result.target_forwards += meter.count
+                result.target_seconds += meter.seconds
                 result.new_tokens += output.shape[1] - input_ids.shape[1]
                 result.prompts += 1
                 if method.drafter is not None:
@@ -147,7 +173,7 @@ def run_benchmark(target, tokenizer, methods: list[Method], prompts: list[str], 
                     reference = output  # AR runs first
                 _compare(result, output, reference, target)
     finally:
-        counter.handle.remove()
+        meter.remove()
     ar = results["ar"]
     ar_tokens_per_s = ar.new_tokens / ar.seconds if ar.seconds else 0.0
     return {

@@ -78,6 +78,7 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         draft_ids, draft_logits = self.drafter.propose(self.state, hidden, new_tokens, self.num_drafted, self.choose)
         draft_ids = self.cut_before_stop_string(input_ids, draft_ids)
         self.stats.draft_seconds += time.perf_counter() - start
+        self.stats.phase_seconds = dict(getattr(self.state, "phase_seconds", {}))
         draft_logits = draft_logits[:, : draft_ids.shape[1]]
         self.num_drafted = draft_ids.shape[1]
         candidates = torch.cat([input_ids, draft_ids], dim=1)

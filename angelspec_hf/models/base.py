@@ -224,8 +224,14 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
             )
 
     def bind_target(self, target: PreTrainedModel, tokenizer=None) -> "AngelSpecDrafterPreTrainedModel":
-        """Check `target` and share its embedding and lm_head (frozen, not registered: never saved with the drafter)."""
+        """Check `target` and share its embedding and lm_head (frozen, not registered: never saved with the drafter).
+
+        The drafter moves to the target's dtype and device: a checkpoint stored in half precision drafts in the
+        target's precision.
+        """
         self.check_target(target, tokenizer)
+        if self.dtype != target.dtype or self.device != target.device:
+            self.to(dtype=target.dtype, device=target.device)
         self._target_embed_tokens = target.get_input_embeddings()
         self._target_lm_head = target.get_output_embeddings()
         return self

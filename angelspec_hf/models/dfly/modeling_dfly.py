@@ -13,7 +13,8 @@ With `per_layer_context_mix=False` (ctx = RMSNorm(FC(concat H)) for every layer)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -29,10 +30,12 @@ from .configuration_dfly import DFlyConfig
 
 @dataclass
 class DFlyDraftState:
-    """Per-generation state: each draft layer's cache of projected context keys/values (plus the last block)."""
+    """Per-generation state: each draft layer's cache of projected context keys/values (plus the last block), and
+    the time spent in the parallel backbone and in the sequential head."""
 
     cache: DynamicCache
     num_context: int = 0
+    phase_seconds: dict[str, float] = field(default_factory=lambda: {"draft_backbone": 0.0, "draft_head": 0.0})
 
 
 def project_key_value(attention: nn.Module, hidden: torch.Tensor, cos, sin, apply_rotary: Callable):
@@ -254,6 +257,7 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
         """
         if num_tokens > self.config.block_size - 1:
             raise ValueError(f"num_tokens {num_tokens} exceeds the block of {self.config.block_size} (anchor included)")
+        start = time.perf_counter()
         cache = state.cache
         stale_block = cache.get_seq_length() - state.num_context
         if stale_block > 0:
@@ -269,6 +273,16 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
         everything = torch.ones(1, 1, self.config.block_size, state.num_context + self.config.block_size, dtype=torch.bool, device=device)
         hidden = self.run_block(self.embed_tokens(self.block_ids(anchor)), positions, everything, cache)
         hidden = hidden[:, 1 : num_tokens + 1]
+        backbone_done = time.perf_counter()
+        state.phase_seconds["draft_backbone"] += backbone_done - start
+        draft_ids, draft_logits = self.draft_tokens(hidden, anchor, choose)
+        state.phase_seconds["draft_head"] += time.perf_counter() - backbone_done
+        return draft_ids, draft_logits
+
+    def draft_tokens(self, hidden: torch.Tensor, anchor: torch.LongTensor, choose) -> tuple[torch.LongTensor, torch.Tensor]:
+        """Tokens of the block positions from their backbone states: vectorised for DFlash, sequential through the
+        AR head for DFly (position k reads the token chosen at k-1)."""
+        num_tokens = hidden.shape[1]
         if self.ar_head is None:  # positions are independent: one vectorised head call
             logits = self.draft_logits(hidden)
             draft_ids = torch.stack([choose(logits[:, k]) for k in range(num_tokens)], dim=1)
