@@ -151,6 +151,7 @@ def main(argv: list[str]) -> None:
     last = get_last_checkpoint(training_args.output_dir) if os.path.isdir(training_args.output_dir) else None
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint or last)
     trainer.save_model(training_args.output_dir)
+    trainer.save_state()  # trainer_state.json with the whole log history, acceptance measurements included
 
 
 if __name__ == "__main__":

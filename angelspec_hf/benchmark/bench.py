@@ -253,9 +253,7 @@ def main(args: argparse.Namespace) -> dict:
     prompts = [row["prompt"] for row in load_prompts(args.prompts, data_dir=args.data_dir, limit=args.limit)]
     results = run_benchmark(target.model, target.tokenizer, methods, prompts, args.max_new_tokens)
     results["prompts"] = args.prompts
-    results["command"] = "angelspec bench " + " ".join(
-        f"--drafter {d}" for d in args.drafter
-    ) + f" --prompts {args.prompts} --limit {args.limit} --max-new-tokens {args.max_new_tokens}"
+    results["command"] = getattr(args, "command_line", None)
     print(format_table(results))
     if args.markdown:
         print("\n" + markdown_table(results))
