@@ -42,7 +42,8 @@ class DrafterArguments:
     lk_eta: float = field(default=3.0, metadata={"help": "η of the lk loss"})
     # MTP
     num_depths: int = field(default=3, metadata={"help": "MTP: D, draft tokens per round = TTT depths"})
-    ttt_token_choice: str = field(default="argmax", metadata={"help": "MTP: argmax | sample | ground_truth (no TTT)"})
+    training_time_test: bool = field(default=True, metadata={"help": "MTP: unroll the depths in training (TTT)"})
+    ttt_token_choice: str = field(default="argmax", metadata={"help": "MTP: argmax | sample | ground_truth"})
     depth_loss_weights: list[float] | None = field(default=None, metadata={"help": "MTP: per-depth loss weights"})
     # DFly
     block_size: int = field(default=16, metadata={"help": "DFly: block size (anchor + drafts)"})
@@ -61,7 +62,8 @@ class DrafterArguments:
         )
         if self.drafter_type == "mtp":
             return AngelSpecMTPDrafter.from_target(
-                target, tokenizer, num_depths=self.num_depths, ttt_token_choice=self.ttt_token_choice,
+                target, tokenizer, num_depths=self.num_depths, training_time_test=self.training_time_test,
+                ttt_token_choice=self.ttt_token_choice,
                 depth_loss_weights=self.depth_loss_weights, **common,
             )
         if self.drafter_type == "dfly":

@@ -164,3 +164,14 @@ def test_ttt_rollout_never_attends_across_packed_documents():
     for depth in range(2):
         torch.testing.assert_close(packed[depth][:, 10:], alone[depth])
 
+
+
+def test_no_ttt_ablation_trains_depth_zero_only():
+    target = make_target("llama")
+    sequence = torch.randint(0, 95, (1, 16))
+    hidden = target(sequence, output_hidden_states=True).hidden_states[-1][:, None]
+    arguments = (hidden, sequence, torch.arange(16)[None], torch.zeros_like(sequence), torch.ones_like(sequence))
+    with_ttt = AngelSpecMTPDrafter.from_target(target, num_depths=3)(*arguments)
+    without = AngelSpecMTPDrafter.from_target(target, num_depths=3, training_time_test=False)(*arguments)
+    assert with_ttt.draft_positions.unique().tolist() == [1, 2, 3]
+    assert without.draft_positions.unique().tolist() == [1]

@@ -129,6 +129,8 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         )
 
     def draft_position_weights(self) -> torch.Tensor:
+        if not self.config.training_time_test:
+            return torch.ones(1)  # only depth 0 is trained
         return torch.tensor(self.config.depth_loss_weights)
 
     def rollout(
@@ -159,7 +161,8 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         eye = eye.expand_as(depth0_keys)
 
         cache, hidden, all_logits = DynamicCache(), target_hidden[:, 0, :-1], []
-        for depth in range(self.config.num_depths):
+        depths = self.config.num_depths if self.config.training_time_test else 1
+        for depth in range(depths):
             mask = torch.cat([depth0_keys] + [eye] * depth, dim=-1)[:, None]
             output = self.step(hidden, tokens, positions + depth, attention_mask=mask, past_key_values=cache, use_cache=True)
             all_logits.append(output.logits)
