@@ -2,7 +2,11 @@
 
 import os
 
+import tempfile
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Verify-cost profiles of the tiny targets go to a throwaway folder, not the user's cache.
+os.environ["ANGELSPEC_CACHE"] = tempfile.mkdtemp(prefix="angelspec-test-cache-")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

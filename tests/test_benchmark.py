@@ -27,12 +27,14 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
     cli_main([
         "bench", "--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"),
         "--drafter", str(tmp_path / "dflash"), "--prompts", str(prompts),
-        "--max-new-tokens", "12", "--full-vocab-variant", "--markdown", "--output", str(output),
+        "--max-new-tokens", "12", "--full-vocab-variant", "--schedules", "dcut,fixed-2,heuristic", "--markdown",
+        "--output", str(output),
     ])
     results = json.loads(output.read_text())
-    names = [method["name"] for method in results["methods"]]
-    assert names == [
-        "ar", "mtp:drafter", "mtp:drafter+full-vocab-head", "dflash:dflash", "transformers-dflash:dflash"
+    by_name = {method["name"]: method for method in results["methods"]}
+    assert list(by_name) == [
+        "ar", "mtp:drafter[dcut]", "mtp:drafter[fixed-2]", "mtp:drafter[heuristic]", "mtp:drafter+full-vocab-head[dcut]",
+        "dflash:dflash[dcut]", "dflash:dflash[fixed-2]", "dflash:dflash[heuristic]", "transformers-dflash:dflash",
     ]
     assert results["num_prompts"] == 2 and results["methods"][0]["tau"] == 1.0
     for method in results["methods"]:
@@ -42,11 +44,13 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
     for speculative in results["methods"][1:]:
         assert speculative["identical_fraction"] == 1.0 and speculative["divergences"] == 0
         assert speculative["tau"] >= 1.0 and speculative["target_forwards"] > 0
-    for ours in results["methods"][1:4]:
-        assert len(ours["acceptance_by_depth"]) == 3 and 0.0 < ours["draft_fraction"] < 1.0
-    dflash_split = results["methods"][3]["time_split"]
+    for name in ("mtp:drafter[fixed-2]", "dflash:dflash[fixed-2]"):  # every round verifies exactly two drafts
+        assert len(by_name[name]["acceptance_by_depth"]) == 2 and 0.0 < by_name[name]["draft_fraction"] < 1.0
+    for name in ("mtp:drafter[dcut]", "mtp:drafter[heuristic]", "dflash:dflash[dcut]", "dflash:dflash[heuristic]"):
+        assert len(by_name[name]["acceptance_by_depth"]) <= 3
+    dflash_split = by_name["dflash:dflash[fixed-2]"]["time_split"]
     assert set(dflash_split) == {"draft_backbone", "draft_head", "target_forward", "other"}
     assert 0.0 < dflash_split["target_forward"] < 1.0 and abs(sum(dflash_split.values()) - 1.0) < 1e-6
     assert results["machine"]["torch"] == torch.__version__
     printed = capsys.readouterr().out
-    assert "mtp:drafter" in printed and "| transformers-dflash:dflash |" in printed
+    assert "mtp:drafter[dcut]" in printed and "| transformers-dflash:dflash |" in printed

@@ -13,15 +13,23 @@ from transformers.generation.utils import GenerationMixin
 
 import angelspec_hf
 from angelspec_hf import AngelSpecMTPDrafter
+from angelspec_hf.generation import candidate_generator
+from angelspec_hf.generation.dcut import VerifyCostModel
 
 
 class OracleMTPDrafter(AngelSpecMTPDrafter):
     """Runs the real drafting (and its cache bookkeeping), then makes a random number of the drafts correct, so
-    rounds end with full, partial and no acceptance."""
+    rounds end with full, partial and no acceptance. Verifies every draft unless a test picks another schedule;
+    `random_confidence` also gives each draft a random probability, so D-cut cuts drafts at varied depths."""
 
     reference: torch.Tensor
     rng: random.Random
     last_state = None
+    random_confidence = False
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.generation_config.num_assistant_tokens_schedule = "constant"
 
     def propose(self, state, target_hidden, new_token_ids, num_tokens, choose):
         draft_ids, draft_logits = super().propose(state, target_hidden, new_token_ids, num_tokens, choose)
@@ -29,6 +37,8 @@ class OracleMTPDrafter(AngelSpecMTPDrafter):
         length = state.num_verified + 1
         correct = self.reference[0, length : length + self.rng.randint(0, num_tokens)]
         draft_ids[0, : correct.numel()] = correct
+        if self.random_confidence:
+            choose.__self__.chosen_probabilities = [torch.tensor([self.rng.uniform(0.3, 1.0)]) for _ in range(num_tokens)]
         return draft_ids, draft_logits
 
 
@@ -51,6 +61,36 @@ def test_greedy_output_equals_plain_decoding_for_every_architecture(model_type):
         assert torch.equal(output, reference), f"{model_type}: prompt {seed} diverged"
         accepted += sum(drafter.speculation_stats.accepted)
     assert accepted > 20, "the oracle should have made many drafts acceptable"
+
+
+@pytest.mark.parametrize("schedule", ["dcut", "heuristic"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_adaptive_schedules_are_lossless_and_vary_the_verified_depth(model_type, schedule, monkeypatch):
+    """D-cut (against a cost model where each verified token costs a third of a forward) and the heuristic
+    schedule verify varied depths; the output stays plain greedy decoding."""
+    linear_cost = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 2.0]], context=0)
+    monkeypatch.setattr(candidate_generator, "load_cost_model", lambda target: linear_cost)
+    target = make_target(model_type, seed=6)
+    drafter = OracleMTPDrafter.from_target(target, num_depths=3, draft_vocab_size=48)
+    drafter.generation_config.num_assistant_tokens_schedule = schedule
+    drafter.rng, drafter.random_confidence = random.Random(4), True
+    depths = set()
+    for seed, (prompt_length, new_tokens) in enumerate([(4, 40), (17, 33), (2, 25)]):
+        prompt = random_prompt(prompt_length, target.config.vocab_size, 20 + seed)
+        reference = target.generate(prompt, max_new_tokens=new_tokens, do_sample=False)
+        drafter.reference = reference
+        output = target.generate(prompt, max_new_tokens=new_tokens, do_sample=False, assistant_model=drafter)
+        assert torch.equal(output, reference), f"{model_type}/{schedule}: prompt {seed} diverged"
+        depths.update(drafter.speculation_stats.drafted)
+    assert len(depths) >= 3, f"{schedule} should verify varied depths, saw {sorted(depths)}"
+
+
+def test_unknown_schedule_is_refused():
+    target = make_target("llama")
+    drafter = AngelSpecMTPDrafter.from_target(target)
+    drafter.generation_config.num_assistant_tokens_schedule = "heuristic_transient"
+    with pytest.raises(ValueError, match="num_assistant_tokens_schedule"):
+        target.generate(torch.ones(1, 4, dtype=torch.long), max_new_tokens=3, assistant_model=drafter)
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
@@ -93,8 +133,11 @@ def test_custom_generate_entry_point_matches_assistant_model():
     assert torch.equal(via_assistant, target.generate(prompt, max_new_tokens=30, do_sample=False))
 
 
-def test_sampling_preserves_the_target_distribution():
-    """Joint law of the first three sampled tokens vs the exact target law (chi-square)."""
+def test_sampling_preserves_the_target_distribution(monkeypatch):
+    """Joint law of the first three sampled tokens vs the exact target law (chi-square), with D-cut choosing the
+    verified depth from the sampled drafts' confidences."""
+    linear_cost = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 1.2]], context=0)
+    monkeypatch.setattr(candidate_generator, "load_cost_model", lambda target: linear_cost)
     vocab = 5
     target = make_target("llama", vocab_size=vocab, seed=11, eos_token_id=None, pad_token_id=None)
     target.lm_head.weight.div_(4.0)  # moderately peaked: many cells have mass

@@ -150,6 +150,7 @@ def test_dflash_ablation_runs_through_transformers_builtin_dflash_path():
         assistant_model=adapter, main_model_input_embeddings=target.get_input_embeddings(),
         main_model_output_embeddings=target.get_output_embeddings(), generation_config=config,
     )
+    drafter.generation_config.num_assistant_tokens_schedule = "constant"  # the full block, as transformers drafts it
     ours = AngelSpecCandidateGenerator(target, drafter, config, prompt)
     prefill = target(prompt, output_hidden_states=True)
     input_ids = torch.cat([prompt, prefill.logits[:, -1:].argmax(-1)], dim=1)

@@ -32,7 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", default=None, help="local prompt folder (default ../shared/data)")
     parser.add_argument("--limit", type=int, default=None, help="first N prompts")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--num-draft-tokens", type=int, default=None, help="override each drafter's tokens per round")
+    parser.add_argument("--num-draft-tokens", type=int, default=None, help="override each drafter's most tokens per round")
+    parser.add_argument(
+        "--schedules", default="dcut",
+        help="comma-separated verify-depth schedules to run each drafter with: dcut (adaptive, default), "
+        "fixed-K (verify K drafted tokens, e.g. fixed-1,fixed-3), heuristic (transformers' rule)",
+    )
     parser.add_argument(
         "--full-vocab-variant", action="store_true",
         help="also run each reduced-vocabulary drafter with the target's full lm_head (what the reduced head saves)",
@@ -43,11 +48,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @dataclass
 class Method:
-    """One way of decoding: extra `generate()` arguments, and the drafter whose acceptance statistics it records."""
+    """One way of decoding: extra `generate()` arguments, the drafter whose acceptance statistics it records, and
+    the drafter generation-config settings (verify-depth schedule) it runs with."""
 
     name: str
     generate_kwargs: dict = field(default_factory=dict)
     drafter: torch.nn.Module | None = None
+    drafter_settings: dict = field(default_factory=dict)
+
+    def apply_settings(self) -> None:
+        for key, value in self.drafter_settings.items():
+            setattr(self.drafter.generation_config, key, value)
+
+
+def schedule_settings(schedule: str, drafter) -> dict:
+    """Generation-config settings of a schedule name: `dcut`, `heuristic` or `fixed-K`."""
+    most = int(drafter.generation_config.num_assistant_tokens)
+    if schedule in ("dcut", "heuristic"):
+        return {"num_assistant_tokens_schedule": schedule, "num_assistant_tokens": most}
+    if schedule.startswith("fixed-") and schedule[len("fixed-") :].isdigit():
+        depth = int(schedule[len("fixed-") :])
+        if not 1 <= depth <= most:
+            raise ValueError(f"{schedule}: this drafter drafts at most {most} tokens per round")
+        return {"num_assistant_tokens_schedule": "constant", "num_assistant_tokens": depth}
+    raise ValueError(f"Unknown schedule {schedule!r}: use dcut, heuristic or fixed-K")
 
 
 @dataclass
@@ -95,18 +119,22 @@ class MethodResult:
         return split
 
 
-def drafter_methods(name: str, drafter, full_vocab_variant: bool = False) -> list[Method]:
-    """The methods a drafter takes part in: ours through `generate(assistant_model=...)`, and for the DFlash
-    configuration also transformers' built-in DFlash generator."""
+def drafter_methods(name: str, drafter, full_vocab_variant: bool = False, schedules: tuple[str, ...] = ("dcut",)) -> list[Method]:
+    """The methods a drafter takes part in: ours through `generate(assistant_model=...)` with each verify-depth
+    schedule, and for the DFlash configuration also transformers' built-in DFlash generator."""
     config = drafter.config
     if config.model_type == "angelspec_mtp":
         kind = "mtp"
     else:
         kind = "dfly" if (config.per_layer_context_mix or config.ar_head) else "dflash"
-    methods = [Method(f"{kind}:{name}", {"assistant_model": drafter}, drafter)]
+    methods = [
+        Method(f"{kind}:{name}[{schedule}]", {"assistant_model": drafter}, drafter, schedule_settings(schedule, drafter))
+        for schedule in schedules
+    ]
     if full_vocab_variant and config.draft_vocab_size:
         full = drafter.with_full_vocabulary()
-        methods.append(Method(f"{kind}:{name}+full-vocab-head", {"assistant_model": full}, full))
+        settings = methods[0].drafter_settings
+        methods.append(Method(f"{kind}:{name}+full-vocab-head[{schedules[0]}]", {"assistant_model": full}, full, settings))
     if kind == "dflash":
         builtin = {"assistant_model": drafter.as_transformers_dflash(), "speculation_type": "dflash"}
         methods.append(Method(f"transformers-dflash:{name}", builtin))
@@ -154,11 +182,13 @@ def run_benchmark(target, tokenizer, methods: list[Method], prompts: list[str], 
     try:
         if encoded:  # warm-up: first calls pay for allocations and kernel selection
             for method in methods:
+                method.apply_settings()
                 target.generate(encoded[0], max_new_tokens=4, do_sample=False, **method.generate_kwargs)
         for input_ids in tqdm(encoded, desc="bench", unit="prompt"):
             reference = None
             for method in methods:
                 result = results[method.name]
+                method.apply_settings()
                 meter.reset()
                 start = time.perf_counter()
                 output = target.generate(input_ids, **stop, **method.generate_kwargs)
@@ -249,7 +279,8 @@ def main(args: argparse.Namespace) -> dict:
         drafter = AutoModel.from_pretrained(path).eval().bind_target(target.model, target.tokenizer)
         if args.num_draft_tokens is not None:
             drafter.generation_config.num_assistant_tokens = args.num_draft_tokens
-        methods += drafter_methods(os.path.basename(os.path.normpath(path)), drafter, args.full_vocab_variant)
+        schedules = tuple(schedule.strip() for schedule in args.schedules.split(",") if schedule.strip())
+        methods += drafter_methods(os.path.basename(os.path.normpath(path)), drafter, args.full_vocab_variant, schedules)
     prompts = [row["prompt"] for row in load_prompts(args.prompts, data_dir=args.data_dir, limit=args.limit)]
     results = run_benchmark(target.model, target.tokenizer, methods, prompts, args.max_new_tokens)
     results["prompts"] = args.prompts

@@ -4,6 +4,13 @@ transformers' `_assisted_decoding` owns the draft-verify loop (verification, rej
 stopping criteria, streamer); this generator only drafts. It declares `requires_model_outputs`, so every call gets
 the previous target forward, whose hidden states (the indices the drafter asks for, no extra compute) condition
 the next draft.
+
+How many drafted tokens go to verification is the drafter's `generation_config.num_assistant_tokens_schedule`:
+`"dcut"` (default) verifies the prefix that maximises expected tokens per second under this machine's profiled
+verify cost (D-cut, `dcut.py`); `"constant"` verifies `num_assistant_tokens`; `"heuristic"` is transformers' rule
+(+2 after a fully accepted round, -1 otherwise), capped at the drafter's D or block. `num_assistant_tokens` is
+the most drafted per round. Unlike transformers' assistants, `assistant_confidence_threshold` is not used: D-cut's
+calibrated prefix confidences take its place.
 """
 
 from __future__ import annotations
@@ -15,6 +22,9 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from ..metrics import SpeculationStats
+from .dcut import ConfidenceCalibrator, dcut_depths, load_cost_model, prefix_confidence
+
+SCHEDULES = ("dcut", "constant", "heuristic")
 
 
 class AngelSpecCandidateGenerator(CandidateGenerator):
@@ -44,7 +54,16 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         self.drafter = drafter
         self.hidden_indices = drafter.target_hidden_state_indices()
         self.model_kwargs_overrides = {"output_hidden_states": self.hidden_indices}
-        self.num_tokens = int(drafter.generation_config.num_assistant_tokens)
+        self.max_tokens = int(drafter.generation_config.num_assistant_tokens)
+        self.num_tokens = self.max_tokens
+        self.schedule = drafter.generation_config.num_assistant_tokens_schedule or "dcut"
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"num_assistant_tokens_schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.schedule == "dcut":
+            self.verify_seconds = load_cost_model(target)
+            if getattr(drafter, "dcut_calibrator", None) is None:  # kept across calls: it follows acceptance drift
+                drafter.dcut_calibrator = ConfidenceCalibrator()
+            self.calibrator = drafter.dcut_calibrator
         self.max_length = generation_config.max_length
         self.do_sample = generation_config.do_sample
         self.temperature = (generation_config.temperature or 1.0) if self.do_sample else 1.0
@@ -56,14 +75,18 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         self.state = drafter.new_draft_state()
         self.num_seen = 0
         self.num_drafted = 0
+        self.chosen_probabilities: list[torch.Tensor] = []
+        self.verified_confidence = torch.zeros(0)
         self.stats = SpeculationStats()
         drafter.speculation_stats = self.stats
 
     def choose(self, logits: torch.Tensor) -> torch.LongTensor:
-        """Greedy: argmax. Sampling: draw from q = softmax(logits / T), the q reported to rejection sampling."""
-        if not self.do_sample:
-            return logits.argmax(-1)
-        return torch.multinomial((logits.float() / self.temperature).softmax(-1), 1)[:, 0]
+        """Greedy: argmax. Sampling: draw from q = softmax(logits / T), the q reported to rejection sampling.
+        Records q of the chosen token, D-cut's confidence input."""
+        probabilities = (logits.float() / self.temperature).softmax(-1)
+        token = torch.multinomial(probabilities, 1)[:, 0] if self.do_sample else logits.argmax(-1)
+        self.chosen_probabilities.append(probabilities.gather(-1, token[:, None])[:, 0])
+        return token
 
     def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, **kwargs):
         if is_first_iteration:  # let the target prefill first: its hidden states condition the first draft
@@ -75,8 +98,11 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         self.num_seen = length - 1
         self.num_drafted = max(0, min(self.num_tokens, self.max_length - length - 1))
         start = time.perf_counter()
+        self.chosen_probabilities = []
         draft_ids, draft_logits = self.drafter.propose(self.state, hidden, new_tokens, self.num_drafted, self.choose)
         draft_ids = self.cut_before_stop_string(input_ids, draft_ids)
+        if self.schedule == "dcut":
+            draft_ids = self.dcut(draft_ids, draft_seconds=time.perf_counter() - start)
         self.stats.draft_seconds += time.perf_counter() - start
         self.stats.phase_seconds = dict(getattr(self.state, "phase_seconds", {}))
         draft_logits = draft_logits[:, : draft_ids.shape[1]]
@@ -85,6 +111,18 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         if not self.do_sample or self.num_drafted == 0:
             return candidates, None
         return candidates, self.drafter.to_target_logits(draft_logits.float() / self.temperature)
+
+    def dcut(self, draft_ids: torch.LongTensor, draft_seconds: float) -> torch.LongTensor:
+        """Keep the prefix worth verifying (D-cut with one request): calibrated prefix confidences against the
+        profiled verify cost, this round's drafting time included."""
+        count = draft_ids.shape[1]
+        if count == 0:
+            self.verified_confidence = torch.zeros(0)
+            return draft_ids
+        raw = prefix_confidence(torch.stack(self.chosen_probabilities[:count], dim=1)[0].cpu())
+        depth = dcut_depths([self.calibrator(raw)], self.verify_seconds, draft_seconds)[0]
+        self.verified_confidence = raw[:depth]
+        return draft_ids[:, :depth]
 
     def cut_before_stop_string(self, input_ids: torch.LongTensor, draft_ids: torch.LongTensor) -> torch.LongTensor:
         """Drop drafts from the first one that would complete a stop string.
@@ -101,4 +139,10 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         return draft_ids
 
     def update_candidate_strategy(self, input_ids, scores, num_matches):
-        self.stats.record_round(drafted=self.num_drafted, accepted=int(num_matches))
+        num_matches = int(num_matches)
+        self.stats.record_round(drafted=self.num_drafted, accepted=num_matches)
+        if self.schedule == "dcut" and self.num_drafted:
+            self.calibrator.update(self.verified_confidence, torch.arange(self.num_drafted) < num_matches)
+        elif self.schedule == "heuristic":  # transformers' rule for assistant models
+            all_accepted = num_matches == self.num_drafted
+            self.num_tokens = min(self.max_tokens, self.num_tokens + 2) if all_accepted else max(1, self.num_tokens - 1)

@@ -10,14 +10,19 @@ from ..metrics import SpeculationStats
 
 @torch.no_grad()
 def measure_acceptance(target, drafter, prompts: list[torch.Tensor], max_new_tokens: int) -> SpeculationStats:
-    """Greedy speculative decoding of each prompt; the pooled acceptance statistics."""
-    was_training = drafter.training
+    """Greedy speculative decoding of each prompt, every round verifying all the drafter drafts (so acceptance is
+    measured at every depth, whatever schedule the drafter is set to); the pooled acceptance statistics."""
+    was_training, schedule = drafter.training, drafter.generation_config.num_assistant_tokens_schedule
     drafter.eval()
+    drafter.generation_config.num_assistant_tokens_schedule = "constant"
     pooled = SpeculationStats()
-    for input_ids in prompts:
-        target.generate(input_ids, assistant_model=drafter, max_new_tokens=max_new_tokens, do_sample=False)
-        pooled = pooled + drafter.speculation_stats
-    drafter.train(was_training)
+    try:
+        for input_ids in prompts:
+            target.generate(input_ids, assistant_model=drafter, max_new_tokens=max_new_tokens, do_sample=False)
+            pooled = pooled + drafter.speculation_stats
+    finally:
+        drafter.train(was_training)
+        drafter.generation_config.num_assistant_tokens_schedule = schedule
     return pooled
 
 

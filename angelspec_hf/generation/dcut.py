@@ -1,0 +1,227 @@
+"""D-cut (AngelSpec §4): verify only as deep as it pays off on this hardware.
+
+Every drafted token gets a confidence, the prefix product of the draft probabilities up to it (an estimate of the
+chance that the whole prefix is accepted), calibrated online against what verification actually accepts. The
+drafted tokens of all requests are ranked together by confidence, and the verified set S is the prefix of that
+ranking that maximises expected tokens per second of the round:
+
+    S* = argmax_S  (R + Σ_{(r,k) ∈ S} c_rk) / (t_draft + t_verify(R, 1 + max_r n_r(S)))
+
+R requests each keep their bonus token; n_r(S) is request r's verified depth; t_verify is the target's verify
+forward latency profiled on this machine (`VerifyCostModel`). A single `generate()` call is the case R = 1.
+Written here because no library ships it: transformers' schedules (`constant`, `heuristic`, confidence threshold)
+set one depth per sequence without a cost model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+import torch
+from transformers import DynamicCache
+from tqdm.auto import tqdm
+
+PROFILED_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+def machine_description(target) -> dict:
+    """What a latency profile depends on: the target's shape and precision, the device, threads and torch."""
+    config = target.config.get_text_config()
+    return {
+        "target": getattr(config, "_name_or_path", "") or config.model_type,
+        "model_type": config.model_type,
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "vocab_size": config.vocab_size,
+        "dtype": str(target.dtype),
+        "device": str(target.device),
+        "processor": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+
+
+@dataclass
+class VerifyCostModel:
+    """Latency of one target verify forward: `seconds[i][j]` for `rows[i]` rows of `tokens[j]` new tokens each,
+    over a KV cache of `context` tokens; interpolated linearly in between, extrapolated linearly beyond."""
+
+    rows: list[int]
+    tokens: list[int]
+    seconds: list[list[float]]
+    context: int
+    machine: dict = field(default_factory=dict)
+
+    def __call__(self, rows: int, tokens_per_row: int) -> float:
+        per_row = [_interpolate(self.tokens, line, tokens_per_row) for line in self.seconds]
+        return _interpolate(self.rows, per_row, rows)
+
+    def save(self, path: str) -> None:
+        """Write atomically: a reader never sees a half-written profile."""
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
+        with os.fdopen(handle, "w") as stream:
+            json.dump(asdict(self), stream, indent=1)
+        os.replace(temporary, path)
+
+    @classmethod
+    def load(cls, path: str) -> "VerifyCostModel":
+        with open(path) as stream:
+            data = json.load(stream)
+        model = cls(**data)
+        shape_ok = len(model.seconds) == len(model.rows) and all(len(line) == len(model.tokens) for line in model.seconds)
+        values_ok = all(math.isfinite(value) and value > 0 for line in model.seconds for value in line)
+        if not (shape_ok and values_ok and model.rows and model.tokens):
+            raise ValueError(f"{path} is not a valid verify-cost profile")
+        return model
+
+
+def _interpolate(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
+    """Piecewise linear through (xs, ys): flat below the first point, extended along the last segment beyond the
+    last one (proportionally when there is a single point)."""
+    if x <= xs[0]:
+        return ys[0]
+    if len(xs) == 1:
+        return ys[0] * x / xs[0]
+    index = next((i for i in range(1, len(xs)) if x <= xs[i]), len(xs) - 1)
+    x0, x1, y0, y1 = xs[index - 1], xs[index], ys[index - 1], ys[index]
+    return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), min(ys))
+
+
+@torch.no_grad()
+def profile_verify_cost(
+    target, rows: Sequence[int] = (1,), tokens: Sequence[int] = PROFILED_TOKENS, context: int = 128, repeats: int = 5,
+    progress: bool = True,
+) -> VerifyCostModel:
+    """Time target forwards of `rows` × `tokens` new tokens over a `context`-token KV cache (median of `repeats`)."""
+    vocab = target.config.get_text_config().vocab_size
+    generator = torch.Generator().manual_seed(0)
+    seconds = []
+    bar = tqdm(total=len(rows) * len(tokens), desc="profiling verify cost", disable=not progress)
+    for batch in rows:
+        prompt = torch.randint(vocab, (batch, context), generator=generator).to(target.device)
+        cache = DynamicCache()
+        target(input_ids=prompt, past_key_values=cache, use_cache=True)
+        line = []
+        for count in tokens:
+            new = torch.randint(vocab, (batch, count), generator=generator).to(target.device)
+            positions = torch.arange(context, context + count, device=target.device).expand(batch, -1)
+            timings = []
+            for _ in range(repeats + 1):  # the first run warms up
+                start = time.perf_counter()
+                target(input_ids=new, position_ids=positions, past_key_values=cache, use_cache=True)
+                timings.append(time.perf_counter() - start)
+                cache.crop(-count)
+            line.append(sorted(timings[1:])[len(timings[1:]) // 2])
+            bar.update()
+        seconds.append(line)
+    bar.close()
+    return VerifyCostModel(list(rows), list(tokens), seconds, context, machine_description(target))
+
+
+def cost_model_path(target) -> str:
+    """Where the profile of `target` on this machine is cached (`$ANGELSPEC_CACHE`, default ~/.cache/angelspec_hf)."""
+    root = os.environ.get("ANGELSPEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "angelspec_hf")
+    key = hashlib.sha1(json.dumps(machine_description(target), sort_keys=True).encode()).hexdigest()[:16]
+    return os.path.join(root, "verify_cost", f"{key}.json")
+
+
+_LOADED: dict[str, VerifyCostModel] = {}
+
+
+def load_cost_model(target, path: str | None = None, rows: Sequence[int] = (1,)) -> VerifyCostModel:
+    """The cached profile of `target` on this machine; profiled (with a progress bar) and cached when missing,
+    or, with a warning, when the cache is unreadable or lacks the batch sizes asked for."""
+    path = path or cost_model_path(target)
+    if path in _LOADED and set(rows) <= set(_LOADED[path].rows):
+        return _LOADED[path]
+    model = None
+    if os.path.exists(path):
+        try:
+            model = VerifyCostModel.load(path)
+        except (OSError, ValueError, TypeError, KeyError) as error:
+            warnings.warn(f"Verify-cost profile {path} is unreadable ({error}); profiling this machine again.")
+    if model is None or not set(rows) <= set(model.rows):
+        model = profile_verify_cost(target, rows=sorted(set(rows) | set(model.rows if model else ())))
+        model.save(path)
+    _LOADED[path] = model
+    return model
+
+
+class ConfidenceCalibrator:
+    """Maps a raw confidence (prefix product of draft probabilities) to the observed rate at which prefixes of that
+    confidence are accepted: acceptance counts per confidence bin with exponential forgetting, so the map follows
+    drift, starting from the identity (`prior_weight` pseudo-observations at the raw value itself)."""
+
+    def __init__(self, num_bins: int = 10, prior_weight: float = 2.0, decay: float = 0.99):
+        self.num_bins, self.prior_weight, self.decay = num_bins, prior_weight, decay
+        self.tried = torch.zeros(num_bins, dtype=torch.float64)
+        self.accepted = torch.zeros(num_bins, dtype=torch.float64)
+
+    def _bins(self, raw: torch.Tensor) -> torch.LongTensor:
+        return (raw.double().clamp(0, 1) * self.num_bins).long().clamp(max=self.num_bins - 1)
+
+    def __call__(self, raw: torch.Tensor) -> torch.Tensor:
+        """Calibrated confidences, non-increasing along the last dimension (a longer prefix is never likelier)."""
+        bins, raw = self._bins(raw), raw.double().clamp(0, 1)
+        rate = (self.accepted[bins] + self.prior_weight * raw) / (self.tried[bins] + self.prior_weight)
+        return rate.cummin(dim=-1).values if raw.dim() else rate
+
+    def update(self, raw: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Record verified draft tokens: `raw` confidences and whether each one's whole prefix was accepted."""
+        self.tried *= self.decay
+        self.accepted *= self.decay
+        bins = self._bins(raw.flatten())
+        self.tried.index_add_(0, bins, torch.ones_like(bins, dtype=torch.float64))
+        self.accepted.index_add_(0, bins, accepted.flatten().double())
+
+    def table(self) -> list[dict]:
+        """The calibration: per raw-confidence bin, how often it was tried and the observed acceptance rate."""
+        return [
+            {"raw_confidence": [b / self.num_bins, (b + 1) / self.num_bins], "weight": float(self.tried[b]),
+             "accepted_rate": float(self.accepted[b] / self.tried[b]) if self.tried[b] > 0 else None}
+            for b in range(self.num_bins)
+        ]
+
+
+def prefix_confidence(draft_probabilities: torch.Tensor) -> torch.Tensor:
+    """c_k = Π_{j ≤ k} q_j(x_j): [..., K] probabilities of the drafted tokens to their prefix products."""
+    return draft_probabilities.double().cumprod(dim=-1)
+
+
+def dcut_depths(
+    confidences: Sequence[torch.Tensor], verify_seconds: Callable[[int, int], float], draft_seconds: float = 0.0
+) -> list[int]:
+    """How many drafted tokens of each request to verify: the best prefix of the global confidence ranking.
+
+    `confidences[r]` holds request r's calibrated, non-increasing confidences; `verify_seconds(rows, width)` is the
+    cost model (each row padded to the widest). Ties rank the earlier position first, so every request's selected
+    tokens form a prefix of its draft.
+    """
+    rows = len(confidences)
+    ranking = sorted(
+        ((float(value), position, request) for request, values in enumerate(confidences) for position, value in enumerate(values.tolist())),
+        key=lambda item: (-item[0], item[1]),
+    )
+    depths, expected, width = [0] * rows, float(rows), 1
+    best_rate, best_count = expected / (draft_seconds + verify_seconds(rows, 1)), 0
+    for count, (value, _, request) in enumerate(ranking, start=1):
+        depths[request] += 1
+        expected += value
+        width = max(width, 1 + depths[request])
+        rate = expected / (draft_seconds + verify_seconds(rows, width))
+        if rate > best_rate:
+            best_rate, best_count = rate, count
+    chosen = [0] * rows
+    for _, _, request in ranking[:best_count]:
+        chosen[request] += 1
+    return chosen

@@ -1,0 +1,93 @@
+"""D-cut: the verified-depth policy, the confidence calibration and the profiled verify-cost model."""
+
+import itertools
+import json
+import os
+
+import pytest
+import torch
+from conftest import make_target
+
+from angelspec_hf.generation import dcut
+from angelspec_hf.generation.dcut import ConfidenceCalibrator, VerifyCostModel, dcut_depths, prefix_confidence
+
+
+def rate(depths, confidences, cost, draft_seconds):
+    expected = len(depths) + sum(float(c[:d].sum()) for c, d in zip(confidences, depths))
+    return expected / (draft_seconds + cost(len(depths), 1 + max(depths)))
+
+
+def test_one_request_gets_the_depth_with_the_best_expected_tokens_per_second():
+    cost = VerifyCostModel(rows=[1], tokens=[1, 2, 4, 8, 16], seconds=[[0.060, 0.062, 0.070, 0.085, 0.110]], context=0)
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        probabilities = torch.rand(15, generator=generator) ** 0.3
+        confidences = [prefix_confidence(probabilities)]
+        draft_seconds = 0.01 * (trial % 3)
+        best = max(range(16), key=lambda depth: (rate([depth], confidences, cost, draft_seconds), -depth))
+        assert dcut_depths(confidences, cost, draft_seconds) == [best]
+
+
+def test_batch_budget_follows_the_most_confident_requests():
+    """Rows are padded to the widest, so the confident requests set the width and the doubtful ones fill it."""
+    cost = VerifyCostModel(rows=[1, 4], tokens=[1, 16], seconds=[[0.06, 0.09], [0.08, 0.30]], context=0)
+    confident = prefix_confidence(torch.full((12,), 0.95))
+    doubtful = prefix_confidence(torch.full((4,), 0.3))
+    confidences = [doubtful, confident, doubtful, confident]
+    depths = dcut_depths(confidences, cost)
+    assert depths[1] == depths[3] >= 4 and depths[0] == depths[2] == 4
+    best = max(rate(list(d), confidences, cost, 0.0) for d in itertools.product(range(5), range(13), range(5), range(13)))
+    assert rate(depths, confidences, cost, 0.0) >= 0.97 * best
+    narrow = dcut_depths([doubtful, doubtful], cost)
+    assert max(narrow) < 4, "doubtful drafts alone are not worth a wide verify forward"
+
+
+def test_free_verification_verifies_everything_and_expensive_verification_nothing():
+    confidences = [prefix_confidence(torch.full((6,), 0.5))]
+    free = VerifyCostModel(rows=[1], tokens=[1, 8], seconds=[[0.05, 0.05]], context=0)
+    costly = VerifyCostModel(rows=[1], tokens=[1, 2], seconds=[[0.05, 0.10]], context=0)
+    assert dcut_depths(confidences, free) == [6]
+    assert dcut_depths(confidences, costly) == [0]
+
+
+def test_calibration_learns_the_observed_acceptance_and_stays_monotone():
+    calibrator = ConfidenceCalibrator()
+    raw = torch.tensor([0.95, 0.9, 0.5, 0.45])
+    assert torch.allclose(calibrator(raw), raw.double())
+    for step in range(300):  # the drafter is overconfident: its 0.9+ tokens are accepted 30% of the time
+        calibrator.update(torch.tensor([0.95]), torch.tensor([step % 10 < 3]))
+    calibrated = calibrator(raw)
+    assert abs(float(calibrated[0]) - 0.3) < 0.05
+    assert torch.all(calibrated[1:] <= calibrated[:-1])
+    table = calibrator.table()
+    assert table[9]["weight"] > 50 and abs(table[9]["accepted_rate"] - 0.3) < 0.05 and table[0]["accepted_rate"] is None
+
+
+def test_cost_model_interpolates_and_round_trips(tmp_path):
+    model = VerifyCostModel(rows=[1, 4], tokens=[1, 4, 16], seconds=[[1.0, 1.3, 2.5], [2.0, 3.0, 8.0]], context=64)
+    assert model(1, 1) == 1.0 and model(1, 2) == pytest.approx(1.1) and model(1, 28) == pytest.approx(3.7)
+    assert model(2, 4) == pytest.approx(1.3 + (3.0 - 1.3) / 3)
+    path = tmp_path / "profile.json"
+    model.save(str(path))
+    assert VerifyCostModel.load(str(path)) == model
+
+
+def test_missing_profile_is_measured_once_and_cached(tmp_path, monkeypatch):
+    target = make_target("qwen2", seed=9, dtype=torch.float32)
+    path = str(tmp_path / "cost.json")
+    model = dcut.load_cost_model(target, path)
+    assert os.path.exists(path) and len(model.seconds[0]) == len(dcut.PROFILED_TOKENS)
+    assert all(value > 0 for value in model.seconds[0]) and model.machine["threads"] == torch.get_num_threads()
+    dcut._LOADED.clear()
+    monkeypatch.setattr(dcut, "profile_verify_cost", lambda *a, **k: pytest.fail("a cached profile was re-measured"))
+    assert dcut.load_cost_model(target, path) == model
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"rows": [1], "tokens": [1], "seconds": [[-1.0]], "context": 0})])
+def test_unreadable_profile_falls_back_to_profiling_with_a_warning(tmp_path, content):
+    target = make_target("llama", seed=10, dtype=torch.float32)
+    path = tmp_path / "cost.json"
+    path.write_text(content)
+    with pytest.warns(UserWarning, match="unreadable"):
+        model = dcut.load_cost_model(target, str(path))
+    assert VerifyCostModel.load(str(path)) == model
