@@ -8,7 +8,8 @@ import pytest
 import torch
 from conftest import make_target
 
-from angelspec_hf.generation import dcut
+from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
+from angelspec_hf.generation import candidate_generator, dcut
 from angelspec_hf.generation.dcut import ConfidenceCalibrator, VerifyCostModel, dcut_depths, prefix_confidence
 
 
@@ -91,3 +92,28 @@ def test_unreadable_profile_falls_back_to_profiling_with_a_warning(tmp_path, con
     with pytest.warns(UserWarning, match="unreadable"):
         model = dcut.load_cost_model(target, str(path))
     assert VerifyCostModel.load(str(path)) == model
+
+
+@pytest.mark.parametrize("kind", ["mtp", "dfly"])
+def test_sequential_drafting_stops_when_no_further_token_can_pay_for_its_verification(kind, monkeypatch):
+    """Each verified draft doubles a forward's cost here, so D-cut ends MTP's depths and DFly's AR head after the
+    first token of every round; the output is still plain greedy decoding."""
+    steep = VerifyCostModel(rows=[1], tokens=[1, 2], seconds=[[1.0, 2.0]], context=0)
+    monkeypatch.setattr(candidate_generator, "load_cost_model", lambda target: steep)
+    target = make_target("llama", seed=12)
+    if kind == "mtp":
+        drafter = AngelSpecMTPDrafter.from_target(target, num_depths=4)
+    else:
+        drafter = DFlyDrafter.from_target(target, block_size=6, num_draft_layers=1, mask_token_id=5, num_target_layers_tapped=2)
+    lengths, propose = [], drafter.propose
+
+    def recording_propose(*args, **kwargs):
+        draft_ids, draft_logits = propose(*args, **kwargs)
+        lengths.append(draft_ids.shape[1])
+        return draft_ids, draft_logits
+
+    monkeypatch.setattr(drafter, "propose", recording_propose)
+    prompt = torch.randint(0, 95, (1, 7), generator=torch.Generator().manual_seed(5))
+    output = target.generate(prompt, max_new_tokens=20, do_sample=False, assistant_model=drafter)
+    assert torch.equal(output, target.generate(prompt, max_new_tokens=20, do_sample=False))
+    assert lengths and set(lengths) <= {0, 1}

@@ -31,14 +31,20 @@ class OracleMTPDrafter(AngelSpecMTPDrafter):
         super().__init__(config)
         self.generation_config.num_assistant_tokens_schedule = "constant"
 
-    def propose(self, state, target_hidden, new_token_ids, num_tokens, choose):
-        draft_ids, draft_logits = super().propose(state, target_hidden, new_token_ids, num_tokens, choose)
+    def propose(self, state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting=None):
+        if self.random_confidence:  # the generator records a random draft probability for each chosen token
+            generator, real_choose = choose.__self__, choose
+
+            def choose(logits):
+                token = real_choose(logits)
+                generator.chosen_probabilities[-1] = torch.tensor([self.rng.uniform(0.3, 1.0)])
+                return token
+
+        draft_ids, draft_logits = super().propose(state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting)
         self.last_state = state
         length = state.num_verified + 1
-        correct = self.reference[0, length : length + self.rng.randint(0, num_tokens)]
+        correct = self.reference[0, length : length + self.rng.randint(0, draft_ids.shape[1])]
         draft_ids[0, : correct.numel()] = correct
-        if self.random_confidence:
-            choose.__self__.chosen_probabilities = [torch.tensor([self.rng.uniform(0.3, 1.0)]) for _ in range(num_tokens)]
         return draft_ids, draft_logits
 
 

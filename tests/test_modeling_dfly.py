@@ -21,10 +21,10 @@ class OracleDFlyDrafter(DFlyDrafter):
     reference: torch.Tensor
     rng: random.Random
 
-    def propose(self, state, target_hidden, new_token_ids, num_tokens, choose):
-        draft_ids, draft_logits = super().propose(state, target_hidden, new_token_ids, num_tokens, choose)
+    def propose(self, state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting=None):
+        draft_ids, draft_logits = super().propose(state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting)
         length = state.num_context + 1
-        correct = self.reference[0, length : length + self.rng.randint(0, num_tokens)]
+        correct = self.reference[0, length : length + self.rng.randint(0, draft_ids.shape[1])]
         draft_ids[0, : correct.numel()] = correct
         return draft_ids, draft_logits
 

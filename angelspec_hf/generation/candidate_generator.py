@@ -98,8 +98,10 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         self.num_seen = length - 1
         self.num_drafted = max(0, min(self.num_tokens, self.max_length - length - 1))
         start = time.perf_counter()
-        self.chosen_probabilities = []
-        draft_ids, draft_logits = self.drafter.propose(self.state, hidden, new_tokens, self.num_drafted, self.choose)
+        self.chosen_probabilities, self.round_start = [], start
+        draft_ids, draft_logits = self.drafter.propose(
+            self.state, hidden, new_tokens, self.num_drafted, self.choose, keep_drafting=self.keep_drafting
+        )
         draft_ids = self.cut_before_stop_string(input_ids, draft_ids)
         if self.schedule == "dcut":
             draft_ids = self.dcut(draft_ids, draft_seconds=time.perf_counter() - start)
@@ -111,6 +113,25 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         if not self.do_sample or self.num_drafted == 0:
             return candidates, None
         return candidates, self.drafter.to_target_logits(draft_logits.float() / self.temperature)
+
+    def keep_drafting(self) -> bool:
+        """Early exit for sequential drafting (MTP depths, DFly's AR head) under D-cut.
+
+        A further token's calibrated confidence is at most the current prefix's (c), and it costs at least the
+        cheapest further verify slot (Δ). If c / Δ is not above the rate of a round that verifies no draft, no
+        extension can beat the best prefix already drafted, so drafting stops.
+        """
+        if self.schedule != "dcut":
+            return True
+        drafted = len(self.chosen_probabilities)
+        widths = range(1 + drafted, 1 + self.num_drafted)
+        cheapest = min((self.verify_seconds(1, w + 1) - self.verify_seconds(1, w) for w in widths), default=0.0)
+        if cheapest <= 0:
+            return True
+        raw = prefix_confidence(torch.stack(self.chosen_probabilities, dim=1)[0].cpu())
+        confidence = float(self.calibrator(raw)[-1])
+        no_draft_rate = 1.0 / (self.verify_seconds(1, 1) + time.perf_counter() - self.round_start)
+        return confidence / cheapest > no_draft_rate
 
     def dcut(self, draft_ids: torch.LongTensor, draft_seconds: float) -> torch.LongTensor:
         """Keep the prefix worth verifying (D-cut with one request): calibrated prefix confidences against the

@@ -248,12 +248,14 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
         return DFlyDraftState(cache=DynamicCache())
 
     @torch.no_grad()
-    def propose(self, state: DFlyDraftState, target_hidden, new_token_ids, num_tokens: int, choose):
+    def propose(self, state: DFlyDraftState, target_hidden, new_token_ids, num_tokens: int, choose, keep_drafting=None):
         """Draft up to `block_size - 1` tokens after the verified sequence in one backbone forward.
 
         `target_hidden` holds the tapped states of the newly verified positions, `new_token_ids` the tokens after
         each (the last is the bonus token, the block's anchor). Only the AR head and the draft head run
-        sequentially over the block. Returns target-vocabulary ids [B, num_tokens] and draft logits.
+        sequentially over the block; `keep_drafting`, when given, is asked before each further position of that
+        sequential part and ends it early when it says no. Returns target-vocabulary ids [B, ≤ num_tokens] and
+        draft logits.
         """
         if num_tokens > self.config.block_size - 1:
             raise ValueError(f"num_tokens {num_tokens} exceeds the block of {self.config.block_size} (anchor included)")
@@ -275,11 +277,11 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
         hidden = hidden[:, 1 : num_tokens + 1]
         backbone_done = time.perf_counter()
         state.phase_seconds["draft_backbone"] += backbone_done - start
-        draft_ids, draft_logits = self.draft_tokens(hidden, anchor, choose)
+        draft_ids, draft_logits = self.draft_tokens(hidden, anchor, choose, keep_drafting)
         state.phase_seconds["draft_head"] += time.perf_counter() - backbone_done
         return draft_ids, draft_logits
 
-    def draft_tokens(self, hidden: torch.Tensor, anchor: torch.LongTensor, choose) -> tuple[torch.LongTensor, torch.Tensor]:
+    def draft_tokens(self, hidden: torch.Tensor, anchor: torch.LongTensor, choose, keep_drafting=None) -> tuple[torch.LongTensor, torch.Tensor]:
         """Tokens of the block positions from their backbone states: vectorised for DFlash, sequential through the
         AR head for DFly (position k reads the token chosen at k-1)."""
         num_tokens = hidden.shape[1]
@@ -289,6 +291,8 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
             return self.to_target_ids(draft_ids), logits
         previous, draft_ids, draft_logits = anchor, [], []
         for k in range(num_tokens):
+            if k and keep_drafting is not None and not keep_drafting():
+                break
             logits = self.head(hidden[:, k], previous)
             token = choose(logits)
             previous = self.to_target_ids(token)
