@@ -52,5 +52,8 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
     assert set(dflash_split) == {"draft_backbone", "draft_head", "target_forward", "other"}
     assert 0.0 < dflash_split["target_forward"] < 1.0 and abs(sum(dflash_split.values()) - 1.0) < 1e-6
     assert results["machine"]["torch"] == torch.__version__
+    assert len(results["verify_cost"]["seconds"][0]) == len(results["verify_cost"]["tokens"])
+    calibration = by_name["mtp:drafter[dcut]"]["calibration"]
+    assert len(calibration) == 10 and "calibration" not in by_name["mtp:drafter[fixed-2]"]
     printed = capsys.readouterr().out
     assert "mtp:drafter[dcut]" in printed and "| transformers-dflash:dflash |" in printed

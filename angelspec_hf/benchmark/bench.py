@@ -9,6 +9,7 @@ is below `NEAR_TIE_GAP` (fp32 reductions in a different shape may flip such a ti
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -19,6 +20,7 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
+from ..generation.dcut import load_cost_model
 from ..metrics import SpeculationStats
 from ..prompts import encode_chat, load_prompts
 
@@ -206,13 +208,19 @@ def run_benchmark(target, tokenizer, methods: list[Method], prompts: list[str], 
         meter.remove()
     ar = results["ar"]
     ar_tokens_per_s = ar.new_tokens / ar.seconds if ar.seconds else 0.0
-    return {
+    report = {
         "machine": machine_state(),
         "target": getattr(target.config, "name_or_path", None),
         "max_new_tokens": max_new_tokens,
         "num_prompts": len(prompts),
         "methods": [result.to_dict(ar_tokens_per_s) for result in results.values()],
     }
+    for entry, method in zip(report["methods"], methods):
+        if method.drafter_settings.get("num_assistant_tokens_schedule") == "dcut":
+            # What D-cut decided with: this machine's verify-cost profile and the drafter's calibration.
+            report["verify_cost"] = dataclasses.asdict(load_cost_model(target))
+            entry["calibration"] = method.drafter.dcut_calibrator.table()
+    return report
 
 
 def _compare(result: MethodResult, output: torch.Tensor, reference: torch.Tensor, target) -> None:
