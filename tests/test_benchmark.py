@@ -26,7 +26,7 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
     output = tmp_path / "results.json"
     cli_main([
         "bench", "--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"),
-        "--drafter", str(tmp_path / "dflash"), "--prompts", str(prompts),
+        "--drafter", f"{tmp_path / 'dflash'}@fixed-2,dcut,heuristic", "--prompts", str(prompts),
         "--max-new-tokens", "12", "--full-vocab-variant", "--schedules", "dcut,fixed-2,heuristic", "--markdown",
         "--output", str(output),
     ])
@@ -34,7 +34,7 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
     by_name = {method["name"]: method for method in results["methods"]}
     assert list(by_name) == [
         "ar", "mtp:drafter[dcut]", "mtp:drafter[fixed-2]", "mtp:drafter[heuristic]", "mtp:drafter+full-vocab-head[dcut]",
-        "dflash:dflash[dcut]", "dflash:dflash[fixed-2]", "dflash:dflash[heuristic]", "transformers-dflash:dflash",
+        "dflash:dflash[fixed-2]", "dflash:dflash[dcut]", "dflash:dflash[heuristic]", "transformers-dflash:dflash",
     ]
     assert results["num_prompts"] == 2 and results["methods"][0]["tau"] == 1.0
     for method in results["methods"]:

@@ -29,7 +29,10 @@ NEAR_TIE_GAP = 1e-3
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="smollm2", help="target model (default: the embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--drafter", action="append", default=[], help="drafter folder; repeat for several")
+    parser.add_argument(
+        "--drafter", action="append", default=[],
+        help="drafter folder; repeat for several; DIR@SCHEDULES runs that drafter with its own schedules (e.g. DIR@dcut,fixed-15)",
+    )
     parser.add_argument("--prompts", default="mt_bench", help="prompt set name or JSONL file (`prompt` or `turns`)")
     parser.add_argument("--data-dir", default=None, help="local prompt folder (default ../shared/data)")
     parser.add_argument("--limit", type=int, default=None, help="first N prompts")
@@ -281,13 +284,14 @@ def main(args: argparse.Namespace) -> dict:
 
     target = load_target(args.target)
     methods = []
-    for path in args.drafter:
+    for spec in args.drafter:
+        path, _, own_schedules = spec.partition("@")
         if not os.path.isdir(path):
             raise FileNotFoundError(f"Drafter folder not found: {path}")
         drafter = AutoModel.from_pretrained(path).eval().bind_target(target.model, target.tokenizer)
         if args.num_draft_tokens is not None:
             drafter.generation_config.num_assistant_tokens = args.num_draft_tokens
-        schedules = tuple(schedule.strip() for schedule in args.schedules.split(",") if schedule.strip())
+        schedules = tuple(schedule.strip() for schedule in (own_schedules or args.schedules).split(",") if schedule.strip())
         methods += drafter_methods(os.path.basename(os.path.normpath(path)), drafter, args.full_vocab_variant, schedules)
     prompts = [row["prompt"] for row in load_prompts(args.prompts, data_dir=args.data_dir, limit=args.limit)]
     results = run_benchmark(target.model, target.tokenizer, methods, prompts, args.max_new_tokens)
