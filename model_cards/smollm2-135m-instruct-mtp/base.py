@@ -158,8 +158,11 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
             self.draft_to_target = None
         self._target_embed_tokens = None
         self._target_lm_head = None
-        # generate() reads drafting settings from the assistant's generation config, as for any assistant model.
-        self.generation_config = GenerationConfig(num_assistant_tokens=self.default_num_draft_tokens())
+        # generate() reads drafting settings from the assistant's generation config, as for any assistant model:
+        # at most `num_assistant_tokens` drafted per round, the verified prefix chosen by D-cut by default.
+        self.generation_config = GenerationConfig(
+            num_assistant_tokens=self.default_num_draft_tokens(), num_assistant_tokens_schedule="dcut"
+        )
 
     def default_num_draft_tokens(self) -> int:
         """Draft tokens per round unless `generation_config.num_assistant_tokens` says otherwise."""

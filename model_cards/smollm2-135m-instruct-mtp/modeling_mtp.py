@@ -198,12 +198,14 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         new_token_ids: torch.LongTensor,
         num_tokens: int,
         choose: Callable[[torch.Tensor], torch.LongTensor],
+        keep_drafting: Callable[[], bool] | None = None,
     ) -> tuple[torch.LongTensor, torch.Tensor]:
         """Draft `num_tokens` tokens after the verified sequence.
 
         `target_hidden` holds the target states of the newly verified positions (one tensor per index of
         `target_hidden_state_indices`), `new_token_ids` the tokens that follow each of them (the last is the bonus
-        token). `choose` maps draft-vocabulary logits [B, V_draft] to draft-vocabulary ids [B].
+        token). `choose` maps draft-vocabulary logits [B, V_draft] to draft-vocabulary ids [B]; `keep_drafting`, when
+        given, is asked before each further depth and ends the round early when it says no.
         Returns target-vocabulary ids [B, num_tokens] and their draft logits [B, num_tokens, V_draft].
         """
         cache = state.cache
@@ -221,6 +223,8 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
             draft_ids.append(token)
             draft_logits.append(logits)
             if depth + 1 < num_tokens:
+                if keep_drafting is not None and not keep_drafting():
+                    break
                 position = position + 1
                 output = self.step(hidden, token, position, past_key_values=cache, use_cache=True)
                 hidden, logits = output.last_hidden_state, output.logits[:, -1]
