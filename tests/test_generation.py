@@ -12,7 +12,7 @@ from transformers.generation.candidate_generator import AssistedCandidateGenerat
 from transformers.generation.utils import GenerationMixin
 
 import angelspec_hf
-from angelspec_hf import AngelSpecMTPDrafter
+from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
 from angelspec_hf.generation import candidate_generator
 from angelspec_hf.generation.dcut import VerifyCostModel
 
@@ -139,7 +139,8 @@ def test_custom_generate_entry_point_matches_assistant_model():
     assert torch.equal(via_assistant, target.generate(prompt, max_new_tokens=30, do_sample=False))
 
 
-def test_sampling_preserves_the_target_distribution(monkeypatch):
+@pytest.mark.parametrize("kind", ["mtp", "dfly"])
+def test_sampling_preserves_the_target_distribution(kind, monkeypatch):
     """Joint law of the first three sampled tokens vs the exact target law (chi-square), with D-cut choosing the
     verified depth from the sampled drafts' confidences."""
     linear_cost = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 1.2]], context=0)
@@ -147,7 +148,12 @@ def test_sampling_preserves_the_target_distribution(monkeypatch):
     vocab = 5
     target = make_target("llama", vocab_size=vocab, seed=11, eos_token_id=None, pad_token_id=None)
     target.lm_head.weight.div_(4.0)  # moderately peaked: many cells have mass
-    drafter = AngelSpecMTPDrafter.from_target(target, num_depths=2, draft_vocab_size=4)
+    if kind == "mtp":
+        drafter = AngelSpecMTPDrafter.from_target(target, num_depths=2, draft_vocab_size=4)
+    else:  # the AR head samples each block position after the token sampled before it
+        drafter = DFlyDrafter.from_target(
+            target, block_size=3, num_draft_layers=1, mask_token_id=0, num_target_layers_tapped=2, draft_vocab_size=4
+        )
     prompt = torch.tensor([[1, 2, 3]])
     exact = torch.zeros(vocab, vocab, vocab, dtype=torch.float64)
     p1 = target(prompt).logits[0, -1].softmax(-1)
