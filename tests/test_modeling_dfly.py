@@ -16,10 +16,15 @@ VARIANTS = {"dfly": {}, "dflash": {"per_layer_context_mix": False, "ar_head": Fa
 
 
 class OracleDFlyDrafter(DFlyDrafter):
-    """Real drafting and cache bookkeeping, then a random number of drafts made correct (full/partial/no acceptance)."""
+    """Real drafting and cache bookkeeping, then a random number of drafts made correct (full/partial/no acceptance).
+    Verifies the whole block every round (D-cut would rarely verify an untrained drafter's drafts)."""
 
     reference: torch.Tensor
     rng: random.Random
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.generation_config.num_assistant_tokens_schedule = "constant"
 
     def propose(self, state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting=None):
         draft_ids, draft_logits = super().propose(state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting)
