@@ -1,7 +1,6 @@
 """Tiny random targets of several architectures, and the real SmolLM2 tokenizer (no weights needed)."""
 
 import os
-
 import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -218,11 +218,13 @@ def run_benchmark(target, tokenizer, methods: list[Method], prompts: list[str], 
         "num_prompts": len(prompts),
         "methods": [result.to_dict(ar_tokens_per_s) for result in results.values()],
     }
-    for entry, method in zip(report["methods"], methods):
-        if method.drafter_settings.get("num_assistant_tokens_schedule") == "dcut":
-            # What D-cut decided with: this machine's verify-cost profile and the drafter's calibration.
-            report["verify_cost"] = dataclasses.asdict(load_cost_model(target))
-            entry["calibration"] = method.drafter.dcut_calibrator.table()
+    # What D-cut decided with: this machine's verify-cost profile and each adaptive method's calibration.
+    adaptive = [(entry, method) for entry, method in zip(report["methods"], methods)
+                if method.drafter_settings.get("num_assistant_tokens_schedule") == "dcut"]
+    if adaptive:
+        report["verify_cost"] = dataclasses.asdict(load_cost_model(target))
+    for entry, method in adaptive:
+        entry["calibration"] = method.drafter.dcut_calibrator.table()
     return report
 
 

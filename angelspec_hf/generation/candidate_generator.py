@@ -61,6 +61,10 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
             raise ValueError(f"num_assistant_tokens_schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.schedule == "dcut":
             self.verify_seconds = load_cost_model(target)
+            # Cost of widening a one-row verify forward from w to w + 1 tokens, w = 1 .. max_tokens (fixed per call).
+            self.marginal_seconds = [
+                self.verify_seconds(1, width + 1) - self.verify_seconds(1, width) for width in range(1, self.max_tokens + 1)
+            ]
             if getattr(drafter, "dcut_calibrator", None) is None:  # kept across calls: it follows acceptance drift
                 drafter.dcut_calibrator = ConfidenceCalibrator()
             self.calibrator = drafter.dcut_calibrator
@@ -114,6 +118,10 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
             return candidates, None
         return candidates, self.drafter.to_target_logits(draft_logits.float() / self.temperature)
 
+    def raw_confidence(self, count: int) -> torch.Tensor:
+        """Prefix products of the draft probabilities of the first `count` tokens chosen this round."""
+        return prefix_confidence(torch.stack(self.chosen_probabilities[:count], dim=1)[0].cpu())
+
     def keep_drafting(self) -> bool:
         """Early exit for sequential drafting (MTP depths, DFly's AR head) under D-cut.
 
@@ -124,12 +132,10 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         if self.schedule != "dcut":
             return True
         drafted = len(self.chosen_probabilities)
-        widths = range(1 + drafted, 1 + self.num_drafted)
-        cheapest = min((self.verify_seconds(1, w + 1) - self.verify_seconds(1, w) for w in widths), default=0.0)
+        cheapest = min(self.marginal_seconds[drafted : self.num_drafted], default=0.0)
         if cheapest <= 0:
             return True
-        raw = prefix_confidence(torch.stack(self.chosen_probabilities, dim=1)[0].cpu())
-        confidence = float(self.calibrator(raw)[-1])
+        confidence = float(self.calibrator(self.raw_confidence(drafted))[-1])
         no_draft_rate = 1.0 / (self.verify_seconds(1, 1) + time.perf_counter() - self.round_start)
         return confidence / cheapest > no_draft_rate
 
@@ -140,7 +146,7 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         if count == 0:
             self.verified_confidence = torch.zeros(0)
             return draft_ids
-        raw = prefix_confidence(torch.stack(self.chosen_probabilities[:count], dim=1)[0].cpu())
+        raw = self.raw_confidence(count)
         depth = dcut_depths([self.calibrator(raw)], self.verify_seconds, draft_seconds)[0]
         self.verified_confidence = raw[:depth]
         return draft_ids[:, :depth]
