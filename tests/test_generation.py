@@ -42,7 +42,7 @@ class OracleMTPDrafter(AngelSpecMTPDrafter):
 
         draft_ids, draft_logits = super().propose(state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting)
         self.last_state = state
-        length = state.num_verified + 1
+        length = state.num_committed + 1
         correct = self.reference[0, length : length + self.rng.randint(0, draft_ids.shape[1])]
         draft_ids[0, : correct.numel()] = correct
         return draft_ids, draft_logits
@@ -119,11 +119,11 @@ def test_draft_cache_holds_exactly_the_verified_prefix():
     drafter.reference = target.generate(prompt, max_new_tokens=40, do_sample=False)
     sequence = target.generate(prompt, max_new_tokens=40, do_sample=False, assistant_model=drafter)
     state = drafter.last_state
-    verified = state.num_verified
+    verified = state.num_committed
     hidden = target(sequence, output_hidden_states=True).hidden_states[-1]
     positions = torch.arange(1, verified + 1)[None]
     fresh = drafter.step(hidden[:, :verified], sequence[:, 1 : verified + 1], positions, use_cache=True)
-    incremental_keys = state.cache.layers[0].keys[:, :, :verified]
+    incremental_keys = state.cache.cache.layers[0].keys[:, :, :verified]
     torch.testing.assert_close(incremental_keys, fresh.past_key_values.layers[0].keys)
 
 

@@ -28,7 +28,7 @@ class OracleDFlyDrafter(DFlyDrafter):
 
     def propose(self, state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting=None):
         draft_ids, draft_logits = super().propose(state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting)
-        length = state.num_context + 1
+        length = state.num_committed + 1
         correct = self.reference[0, length : length + self.rng.randint(0, draft_ids.shape[1])]
         draft_ids[0, : correct.numel()] = correct
         return draft_ids, draft_logits

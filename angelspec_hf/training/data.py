@@ -19,7 +19,13 @@ from .regenerate import read_responses
 
 
 def conversations_dataset(responses_path: str, max_length: int) -> datasets.Dataset:
-    """One example per regenerated conversation: prompt + response ids, loss only on the response."""
+    """One example per regenerated conversation: prompt + response ids, loss only on the response.
+
+    `responses_path` may list several files, comma-separated (e.g. chat and code/math responses).
+    """
+    missing = [path for path in responses_path.split(",") if not os.path.exists(path)]
+    if missing:
+        raise FileNotFoundError(f"Responses file(s) not found: {', '.join(missing)}; run `angelspec regenerate` first")
     records = read_responses(responses_path)
     if not records:
         raise FileNotFoundError(f"No regenerated responses in {responses_path}: run `angelspec regenerate` first")

@@ -18,11 +18,13 @@ from ..prompts import encode_chat, load_prompts
 
 
 def read_responses(path: str) -> list[dict]:
-    """All records of a regenerated-responses file (missing file: empty list)."""
-    if not os.path.exists(path):
-        return []
-    with gzip.open(path, "rt", encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    """All records of a regenerated-responses file (missing file: empty list); `a.jsonl.gz,b.jsonl.gz` reads several."""
+    records = []
+    for one in path.split(","):
+        if os.path.exists(one):
+            with gzip.open(one, "rt", encoding="utf-8") as handle:
+                records += [json.loads(line) for line in handle if line.strip()]
+    return records
 
 
 @torch.no_grad()

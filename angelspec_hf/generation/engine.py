@@ -1,0 +1,508 @@
+"""Batched speculative decoding with continuous refill and D-cut across requests (AngelSpec §4).
+
+transformers' `generate()` runs speculative decoding one sequence at a time. This engine serves many requests at
+once on plain transformers models and caches, one round at a time:
+
+    admit   waiting requests join while the batch has room (prefilled on their own, then merged in)
+    draft   the drafter proposes for every row in one batched call (its cache is ragged like the target's)
+    cut     D-cut ranks all drafted tokens of all rows by calibrated confidence and keeps the set that maximises
+            expected tokens per second under this machine's verify-cost profile (or a fixed depth per row)
+    verify  one target forward over [bonus, kept drafts] of every row, padded to the widest row
+    accept  per row: greedy match or speculative rejection sampling; rejected drafts become masked holes
+    retire  finished rows leave; the cache squeezes its holes out when they waste more than half of it
+
+Rows accept different numbers of tokens each round: `RaggedCache` keeps one cache tensor with a per-row validity
+mask and per-row positions. With no drafter the same loop is batched autoregressive decoding, the baseline.
+Written here because no library in this stack batches speculative decoding: transformers' assisted loop is
+batch-size 1, and servers such as vLLM are outside it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from ..cache_utils import RaggedCache
+from ..metrics import SpeculationStats
+from .dcut import ConfidenceCalibrator, dcut_depths, load_cost_model, prefix_confidence
+
+PROFILED_ROWS = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass
+class Request:
+    """One generation request. `eos_token_id` defaults to the target's; sampling settings are per request."""
+
+    input_ids: list[int]
+    max_new_tokens: int = 128
+    eos_token_id: int | list[int] | None = None
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    request_id: int | str | None = None
+
+
+@dataclass
+class RequestOutput:
+    """What a request produced: new tokens, why it stopped (`eos`, `length` or `error`), and its speculation stats."""
+
+    request_id: int | str | None
+    prompt_ids: list[int]
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+    stats: SpeculationStats = field(default_factory=SpeculationStats)
+
+
+@dataclass
+class EngineStats:
+    """What one `generate()` call cost: wall time, time per phase, peak memory, rounds and batch occupancy."""
+
+    seconds: float = 0.0
+    phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("prefill", "draft", "verify", "other"), 0.0))
+    rounds: int = 0
+    generated_tokens: int = 0
+    peak_rows: int = 0
+    peak_cache_bytes: int = 0
+    peak_rss_bytes: int = 0
+    skipped_drafts: int = 0  # rounds in which D-cut decided that no draft could pay for its verification
+
+
+@dataclass
+class _Row:
+    """A running request: its output so far, the token to feed next, and the verified positions the drafter has
+    not seen yet (their target hidden states and the token after each)."""
+
+    request: Request
+    output: RequestOutput
+    eos: set[int]
+    processors: LogitsProcessorList
+    generator: torch.Generator | None
+    next_token: int
+    pending_hidden: tuple[torch.Tensor, ...] = ()
+    pending_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def remaining(self) -> int:
+        return self.request.max_new_tokens - len(self.output.output_ids)
+
+    def emit(self, tokens: list[int]) -> None:
+        """Append generated tokens, stopping at EOS or the length limit."""
+        for token in tokens:
+            self.output.output_ids.append(token)
+            if token in self.eos:
+                self.output.finish_reason = "eos"
+                return
+            if self.remaining <= 0:
+                self.output.finish_reason = "length"
+                return
+
+
+def parse_policy(policy: str | int) -> int | None:
+    """`"dcut"` -> None; `"fixed-K"`, `"K"` or K -> K drafted tokens verified per request."""
+    if policy == "dcut":
+        return None
+    text = str(policy).removeprefix("fixed-")
+    if not text.isdigit():
+        raise ValueError(f"policy must be 'dcut' or 'fixed-K' (K drafted tokens verified per request), got {policy!r}")
+    return int(text)
+
+
+def kv_bytes_per_token(target) -> int:
+    """Bytes of target KV cache one token occupies (keys and values, every layer)."""
+    config = target.config.get_text_config()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * target.dtype.itemsize
+
+
+def available_memory_bytes(device: torch.device) -> int:
+    """Free memory on `device` (CUDA: free device memory; CPU: available system memory)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as handle:
+            fields = dict(line.split(":", 1) for line in handle)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_memory_bytes(device: torch.device) -> int:
+    """Memory in use now: allocated CUDA memory, or this process's resident set on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class SpeculativeEngine:
+    """Serve many requests at once with a drafter (or none: batched AR) on a transformers target.
+
+    Args:
+        target: the target `PreTrainedModel` (decoder-only, full attention).
+        drafter: an AngelSpec drafter bound to (or trained for) `target`, or `None` for batched autoregressive decoding.
+        policy: `"dcut"` (default) or `"fixed-K"`: verify K drafted tokens per request.
+        max_batch_size: most requests decoded together; more are queued and join as others finish.
+        memory_budget_bytes: most bytes the target KV cache may hold (default: half of the free memory at start);
+            requests wait in the queue while admitting them would exceed it.
+        num_draft_tokens: most tokens drafted per round (default: the drafter's `num_assistant_tokens`).
+        cost_model: verify-cost profile (default: this machine's, profiled and cached on first use).
+    """
+
+    def __init__(
+        self,
+        target,
+        drafter=None,
+        policy: str | int = "dcut",
+        max_batch_size: int = 16,
+        memory_budget_bytes: int | None = None,
+        num_draft_tokens: int | None = None,
+        cost_model=None,
+        tokenizer=None,
+    ):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        self.target = target
+        self.drafter = drafter
+        self.fixed_depth = parse_policy(policy)
+        self.policy = "dcut" if self.fixed_depth is None else f"fixed-{self.fixed_depth}"
+        self.max_batch_size = max_batch_size
+        self.device = target.device
+        self.bytes_per_token = kv_bytes_per_token(target)
+        self.memory_budget_bytes = memory_budget_bytes or available_memory_bytes(self.device) // 2
+        self.context_limit = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+        default_eos = target.generation_config.eos_token_id
+        self.default_eos = default_eos if isinstance(default_eos, list) else [] if default_eos is None else [default_eos]
+        self.hidden_indices: list[int] = []
+        self.max_draft = 0
+        if drafter is not None:
+            drafter.bind_target(target, tokenizer)
+            self.hidden_indices = drafter.target_hidden_state_indices()
+            self.max_draft = int(num_draft_tokens or drafter.generation_config.num_assistant_tokens)
+            if self.fixed_depth is not None:
+                self.max_draft = min(self.max_draft, self.fixed_depth)
+        if drafter is not None and self.fixed_depth is None:
+            rows = [r for r in PROFILED_ROWS if r < max_batch_size] + [max_batch_size]
+            self.verify_seconds = cost_model or load_cost_model(target, rows=rows)
+            if getattr(drafter, "dcut_calibrator", None) is None:
+                drafter.dcut_calibrator = ConfidenceCalibrator()
+            self.calibrator = drafter.dcut_calibrator
+        self.stats = EngineStats()
+
+    # -- public API -----------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, requests, progress: bool = False, **defaults) -> list[RequestOutput]:
+        """Run `requests` (each a `Request`, or token ids with `defaults` such as `max_new_tokens`) to completion;
+        outputs come back in request order. A request that can never run (empty prompt, no room in the context
+        or in memory) is returned with `finish_reason="error"` and its reason; the others are served."""
+        requests = [r if isinstance(r, Request) else Request(input_ids=_as_list(r), **defaults) for r in requests]
+        for index, request in enumerate(requests):
+            if request.request_id is None:
+                request.request_id = index
+        outputs = {id(r): RequestOutput(r.request_id, list(r.input_ids)) for r in requests}
+        waiting = deque(r for r in requests if not self._reject(r, outputs[id(r)]))
+        self.stats = EngineStats()
+        self.rows: list[_Row] = []
+        self.cache = RaggedCache(0, self.device)
+        self.draft_state = self.drafter.new_draft_state(0) if self.drafter is not None else None
+        start = time.perf_counter()
+        total = sum(r.max_new_tokens for r in waiting)
+        bar = _progress(total, progress)
+        while waiting or self.rows:
+            self._admit(waiting, outputs)
+            if self.rows:
+                self._round()
+            self._retire()
+            self._record_memory()
+            done = sum(len(o.output_ids) for o in outputs.values())
+            if bar is not None:
+                bar.update(done - bar.n)
+        if bar is not None:
+            bar.close()
+        self.stats.seconds = time.perf_counter() - start
+        self.stats.generated_tokens = sum(len(o.output_ids) for o in outputs.values())
+        phases = self.stats.phase_seconds
+        phases["other"] = max(0.0, self.stats.seconds - phases["prefill"] - phases["draft"] - phases["verify"])
+        return [outputs[id(r)] for r in requests]
+
+    # -- admission --------------------------------------------------------------------------------------------------
+
+    def _reject(self, request: Request, output: RequestOutput) -> bool:
+        """Fill in an error (and warn) for a request that can never be served."""
+        need = len(request.input_ids) + request.max_new_tokens + self.max_draft + 1
+        problem = None
+        if not request.input_ids:
+            problem = "empty prompt: decoding needs at least one input token"
+        elif request.max_new_tokens < 1:
+            problem = f"max_new_tokens must be at least 1, got {request.max_new_tokens}"
+        elif self.context_limit is not None and need > self.context_limit:
+            problem = (
+                f"prompt ({len(request.input_ids)} tokens) + max_new_tokens ({request.max_new_tokens}) + draft "
+                f"({self.max_draft + 1}) needs {need} positions, beyond the target's context of {self.context_limit}"
+            )
+        elif 2 * need * self.bytes_per_token > self.memory_budget_bytes:
+            problem = (
+                f"needs about {2 * need * self.bytes_per_token / 2**20:.0f} MiB of KV cache, more than the memory "
+                f"budget of {self.memory_budget_bytes / 2**20:.0f} MiB"
+            )
+        if problem is not None:
+            output.finish_reason, output.error = "error", f"request {request.request_id!r} rejected: {problem}"
+            warnings.warn(output.error)
+        return problem is not None
+
+    def _fits(self, request: Request) -> bool:
+        """Would the cache stay within budget with `request` admitted? Every row spans the widest row, and holes
+        may double it before compaction."""
+        rows = self.rows + [None]
+        need = [len(r.request.input_ids) + r.request.max_new_tokens for r in self.rows]
+        need.append(len(request.input_ids) + request.max_new_tokens)
+        width = 2 * (max(need) + self.max_draft + 1)
+        return len(rows) * width * self.bytes_per_token <= self.memory_budget_bytes
+
+    def _admit(self, waiting: deque, outputs: dict) -> None:
+        """Prefill waiting requests while the batch has room, each on its own, then merge them into the batch."""
+        joined = 0
+        while waiting and len(self.rows) < self.max_batch_size and (not self.rows or self._fits(waiting[0])):
+            request = waiting.popleft()
+            row, cache = self._prefill(request, outputs[id(request)])
+            if row.output.finish_reason is None:  # else done at its first token
+                self.cache.append_rows(cache)
+                self.rows.append(row)
+                joined += 1
+        if self.draft_state is not None and joined:
+            self.draft_state.add_rows(joined)
+
+    def _prefill(self, request: Request, output: RequestOutput):
+        start = time.perf_counter()
+        eos = set(_as_list(request.eos_token_id) if request.eos_token_id is not None else self.default_eos)
+        generator = None
+        if request.do_sample:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(request.seed if request.seed is not None else torch.seed())
+        row = _Row(request, output, eos, _processors(request), generator, next_token=-1)
+        cache = RaggedCache(1, self.device)
+        ids = torch.tensor([request.input_ids], device=self.device)
+        cache.append(torch.ones_like(ids, dtype=torch.bool))
+        out = self.target(
+            input_ids=ids, attention_mask=cache.valid.long(), past_key_values=cache.cache, use_cache=True,
+            output_hidden_states=bool(self.hidden_indices), logits_to_keep=1,
+        )
+        token = int(self._sample(row, out.logits[0, -1:].float())[0])
+        row.next_token = token
+        if self.hidden_indices:
+            row.pending_hidden = tuple(out.hidden_states[i][0] for i in self.hidden_indices)
+            row.pending_tokens = list(request.input_ids[1:]) + [token]
+        row.emit([token])
+        self.stats.phase_seconds["prefill"] += time.perf_counter() - start
+        return row, cache
+
+    # -- one round ----------------------------------------------------------------------------------------------------
+
+    def _round(self) -> None:
+        self.stats.rounds += 1
+        self.stats.peak_rows = max(self.stats.peak_rows, len(self.rows))
+        drafts, draft_logits, probabilities = self._draft()
+        depths = self._depths(drafts, probabilities)
+        self._verify(drafts, draft_logits, probabilities, depths)
+
+    def _draft(self):
+        """Every row's drafts [B, K] (target vocabulary), their draft logits and the draft probability of each
+        chosen token; K = 0 without a drafter, or when D-cut sees that no draft could pay for its verification."""
+        batch = len(self.rows)
+        empty = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
+        if self.drafter is None:
+            return empty, None, torch.zeros(batch, 0)
+        start = time.perf_counter()
+        count = max(len(row.pending_tokens) for row in self.rows)
+        lengths = torch.tensor([len(row.pending_tokens) for row in self.rows], device=self.device)
+        tokens = torch.tensor([row.pending_tokens + [0] * (count - len(row.pending_tokens)) for row in self.rows], device=self.device)
+        hidden = tuple(
+            torch.stack([torch.nn.functional.pad(row.pending_hidden[i], (0, 0, 0, count - len(row.pending_tokens))) for row in self.rows])
+            for i in range(len(self.hidden_indices))
+        )
+        budget = max(row.remaining for row in self.rows) - 1
+        num_tokens = max(0, min(self.max_draft, budget))
+        if num_tokens and self.fixed_depth is None and not self._drafting_can_pay(batch):
+            num_tokens = 0
+            self.stats.skipped_drafts += 1
+        chosen: list[torch.Tensor] = []
+        temperatures = torch.tensor([row.request.temperature if row.request.do_sample else 1.0 for row in self.rows], device=self.device)
+
+        def choose(logits: torch.Tensor) -> torch.LongTensor:
+            probabilities = (logits.float() / temperatures[:, None]).softmax(-1)
+            token = logits.argmax(-1)
+            for r, row in enumerate(self.rows):
+                if row.request.do_sample:
+                    token[r] = torch.multinomial(probabilities[r], 1, generator=row.generator)[0]
+            chosen.append(probabilities.gather(-1, token[:, None])[:, 0])
+            return token
+
+        def keep_drafting() -> bool:
+            return self.fixed_depth is not None or self._extension_can_pay(chosen, start)
+
+        draft_ids, logits = self.drafter.propose(
+            self.draft_state, hidden, tokens, num_tokens, choose, keep_drafting=keep_drafting, new_lengths=lengths
+        )
+        for row in self.rows:
+            row.pending_hidden, row.pending_tokens = (), []
+        self.round_draft_seconds = time.perf_counter() - start
+        self.stats.phase_seconds["draft"] += self.round_draft_seconds
+        probabilities = torch.stack(chosen, 1).cpu() if chosen else torch.zeros(batch, 0)
+        return draft_ids, logits, probabilities[:, : draft_ids.shape[1]]
+
+    def _drafting_can_pay(self, rows: int) -> bool:
+        """Could verifying one drafted token per row, at the best calibrated confidence, beat verifying none?"""
+        best = float(self.calibrator(torch.ones(1, dtype=torch.float64))[0])
+        no_draft, one_draft = self.verify_seconds(rows, 1), self.verify_seconds(rows, 2)
+        return rows * (1 + best) / one_draft > rows / no_draft
+
+    def _extension_can_pay(self, chosen: list[torch.Tensor], start: float) -> bool:
+        """Early exit of sequential drafting: a further token per row adds at most the current prefix confidences
+        and costs at least the cheapest further verify slot; stop when that cannot beat a round without drafts."""
+        rows, drafted = len(self.rows), len(chosen)
+        marginal = [self.verify_seconds(rows, w + 1) - self.verify_seconds(rows, w) for w in range(drafted + 1, self.max_draft + 1)]
+        cheapest = min(marginal, default=0.0)
+        if cheapest <= 0:
+            return True
+        confidence = self.calibrator(prefix_confidence(torch.stack(chosen, 1).cpu()))[:, -1].sum()
+        no_draft_rate = rows / (self.verify_seconds(rows, 1) + time.perf_counter() - start)
+        return float(confidence) / cheapest > no_draft_rate
+
+    def _depths(self, drafts: torch.Tensor, probabilities: torch.Tensor) -> list[int]:
+        """Drafted tokens to verify per row: fixed, or D-cut's global ranking; never past a row's length limit."""
+        caps = [max(0, min(drafts.shape[1], row.remaining - 1)) for row in self.rows]
+        if self.fixed_depth is not None or not drafts.shape[1]:
+            return [min(cap, self.fixed_depth or 0) for cap in caps]
+        confidences = [self.calibrator(prefix_confidence(p[:cap])) for p, cap in zip(probabilities, caps)]
+        return dcut_depths(confidences, self.verify_seconds, self.round_draft_seconds)
+
+    def _verify(self, drafts, draft_logits, probabilities, depths: list[int]) -> None:
+        """One target forward over every row's [next token, kept drafts]; accept per row; update both caches."""
+        start = time.perf_counter()
+        width = 1 + max(depths)
+        chunk = torch.zeros(len(self.rows), width, dtype=torch.long, device=self.device)
+        for r, row in enumerate(self.rows):
+            chunk[r, 0] = row.next_token
+            chunk[r, 1 : 1 + depths[r]] = drafts[r, : depths[r]]
+        positions = self.cache.position_ids(width)
+        self.cache.append(torch.arange(width, device=self.device)[None, :] < torch.tensor(depths, device=self.device)[:, None] + 1)
+        out = self.target(
+            input_ids=chunk, position_ids=positions, attention_mask=self.cache.valid.long(), past_key_values=self.cache.cache,
+            use_cache=True, output_hidden_states=bool(self.hidden_indices),
+        )
+        keep = torch.zeros(len(self.rows), width, dtype=torch.bool, device=self.device)
+        verified_confidence, verified_accepted = [], []
+        for r, row in enumerate(self.rows):
+            depth = depths[r]
+            q = None
+            if row.request.do_sample and depth:
+                q = (self.drafter.to_target_logits(draft_logits[r, :depth].float()) / row.request.temperature).softmax(-1)
+            accepted, bonus = self._accept(row, out.logits[r, : depth + 1].float(), chunk[r, 1 : depth + 1], q)
+            keep[r, : accepted + 1] = True
+            new_tokens = chunk[r, 1 : accepted + 1].tolist() + [bonus]
+            row.output.stats.record_round(drafted=depth, accepted=accepted)
+            verified_confidence.append(prefix_confidence(probabilities[r, :depth]))
+            verified_accepted.append(torch.arange(depth) < accepted)
+            row.emit(new_tokens)
+            row.next_token = bonus
+            if self.hidden_indices:
+                row.pending_hidden = tuple(out.hidden_states[i][r, : accepted + 1] for i in self.hidden_indices)
+                row.pending_tokens = new_tokens
+        self.cache.keep_last(keep)
+        if self.fixed_depth is None and self.drafter is not None and max(depths):  # one calibration step per round
+            self.calibrator.update(torch.cat(verified_confidence), torch.cat(verified_accepted))
+        self.stats.phase_seconds["verify"] += time.perf_counter() - start
+
+    def _accept(self, row: _Row, logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None) -> tuple[int, int]:
+        """How many of `drafts` the target accepts, and the token it emits after them.
+
+        Greedy: drafts are accepted while they equal the target's argmax. Sampling: speculative rejection sampling
+        (accept x with probability min(1, p(x)/q(x)); on rejection draw from norm(max(p - q, 0))), which leaves the
+        output distributed exactly as the target's."""
+        if not row.request.do_sample:
+            predicted = logits.argmax(-1)
+            matches = (predicted[: len(drafts)] == drafts).int().cumprod(0)
+            accepted = int(matches.sum())
+            return accepted, int(predicted[accepted])
+        p = self._probabilities(row, logits)
+        for k, token in enumerate(drafts.tolist()):
+            ratio = p[k, token] / q[k, token].clamp_min(1e-30)
+            if torch.rand((), generator=row.generator, device=self.device) >= ratio:
+                residual = (p[k] - q[k]).clamp_min(0)
+                total = residual.sum()
+                residual = residual / total if total > 0 else p[k]
+                return k, int(torch.multinomial(residual, 1, generator=row.generator)[0])
+        return len(drafts), int(torch.multinomial(p[len(drafts)], 1, generator=row.generator)[0])
+
+    def _probabilities(self, row: _Row, logits: torch.Tensor) -> torch.Tensor:
+        """The target's sampling distribution at each position after the request's temperature / top-k / top-p."""
+        ids = torch.tensor([row.request.input_ids + row.output.output_ids], device=self.device)
+        return row.processors(ids, logits).softmax(-1)
+
+    def _sample(self, row: _Row, logits: torch.Tensor) -> torch.LongTensor:
+        if not row.request.do_sample:
+            return logits.argmax(-1)
+        return torch.multinomial(self._probabilities(row, logits), 1, generator=row.generator)[:, 0]
+
+    # -- bookkeeping --------------------------------------------------------------------------------------------------
+
+    def _retire(self) -> None:
+        """Finished rows leave the batch (and both caches); holes are squeezed out when they waste half the cache."""
+        keep = [r for r, row in enumerate(self.rows) if row.output.finish_reason is None]
+        if len(keep) < len(self.rows):
+            rows = torch.tensor(keep, dtype=torch.long, device=self.device)
+            self.cache.select_rows(rows)
+            if self.draft_state is not None:
+                self.draft_state.select_rows(rows)
+            self.rows = [self.rows[r] for r in keep]
+        self.cache.compact()
+        if self.draft_state is not None:
+            self.draft_state.compact()
+
+    def _record_memory(self) -> None:
+        caches = [self.cache] + ([self.draft_state.cache] if self.draft_state is not None else [])
+        held = sum(t.numel() * t.element_size() for c in caches for pair in c.tensors(c.width) for t in pair)
+        self.stats.peak_cache_bytes = max(self.stats.peak_cache_bytes, held)
+        self.stats.peak_rss_bytes = max(self.stats.peak_rss_bytes, resident_memory_bytes(self.device))
+
+
+def _as_list(ids) -> list[int]:
+    if isinstance(ids, torch.Tensor):
+        return ids.flatten().tolist()
+    return list(ids) if isinstance(ids, (list, tuple)) else [int(ids)]
+
+
+def _processors(request: Request) -> LogitsProcessorList:
+    processors = LogitsProcessorList()
+    if request.do_sample:
+        if request.temperature <= 0:
+            raise ValueError(f"temperature must be positive when sampling, got {request.temperature}")
+        if request.temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(request.temperature))
+        if request.top_k:
+            processors.append(TopKLogitsWarper(request.top_k))
+        if request.top_p is not None and request.top_p < 1.0:
+            processors.append(TopPLogitsWarper(request.top_p))
+    return processors
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="engine", unit="tok")
+

@@ -1,0 +1,190 @@
+"""The batched engine: every request's output equals its own solo `generate()`, whatever shares the batch."""
+
+import random
+
+import pytest
+import torch
+from conftest import ARCHITECTURES, make_target
+
+from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
+from angelspec_hf.cache_utils import RaggedCache
+from angelspec_hf.generation.dcut import VerifyCostModel
+from angelspec_hf.generation.engine import Request, SpeculativeEngine
+
+
+class BatchOracle:
+    """Mixin: run the real batched drafting, then make a random number of each row's drafts correct (from the
+    row's solo reference), so rows accept different numbers of tokens every round."""
+
+    references: dict
+    engine: SpeculativeEngine
+    rng: random.Random
+
+    def propose(self, state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting=None, new_lengths=None):
+        draft_ids, draft_logits = super().propose(state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting, new_lengths)
+        for r, row in enumerate(self.engine.rows):
+            done = len(row.output.output_ids)
+            correct = self.references[row.request.request_id][done : done + self.rng.randint(0, draft_ids.shape[1])]
+            draft_ids[r, : len(correct)] = torch.tensor(correct, dtype=draft_ids.dtype)
+        return draft_ids, draft_logits
+
+
+class OracleMTP(BatchOracle, AngelSpecMTPDrafter):
+    pass
+
+
+class OracleDFly(BatchOracle, DFlyDrafter):
+    pass
+
+
+def make_drafter(kind, target, oracle=True):
+    if kind == "mtp":
+        return (OracleMTP if oracle else AngelSpecMTPDrafter).from_target(target, num_depths=3, draft_vocab_size=48)
+    return (OracleDFly if oracle else DFlyDrafter).from_target(
+        target, block_size=6, num_draft_layers=2, mask_token_id=5, num_target_layers_tapped=2, draft_vocab_size=48
+    )
+
+
+def mixed_requests(vocab_size, count=7, seed=0):
+    """Prompts of 1 to 40 tokens and length limits of 1 to 40 new tokens."""
+    rng = random.Random(seed)
+    requests = []
+    for index in range(count):
+        prompt = [rng.randrange(vocab_size - 1) for _ in range(rng.choice([1, 3, 9, 17, 40]))]
+        requests.append(Request(prompt, max_new_tokens=rng.choice([1, 5, 12, 25, 40]), request_id=index))
+    return requests
+
+
+def solo_outputs(target, requests):
+    """Each request alone through plain `target.generate`, with the request's EOS tokens if it has its own."""
+    outputs = {}
+    for request in requests:
+        ids = torch.tensor([request.input_ids])
+        eos = {} if request.eos_token_id is None else {"eos_token_id": request.eos_token_id}
+        out = target.generate(ids, max_new_tokens=request.max_new_tokens, do_sample=False, **eos)
+        outputs[request.request_id] = out[0, ids.shape[1] :].tolist()
+    return outputs
+
+
+def flat_cost_model():
+    """A verify cost that makes every extra verified token pay off, so D-cut verifies deep."""
+    return VerifyCostModel(rows=[1, 64], tokens=[1, 32], seconds=[[1.0, 1.001], [1.0, 1.001]], context=128)
+
+
+@pytest.mark.parametrize("policy", ["fixed-3", "dcut"])
+@pytest.mark.parametrize("kind", ["mtp", "dfly"])
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_each_request_matches_its_solo_generate(model_type, kind, policy):
+    """Mixed prompt lengths and limits, early EOS, and more requests than rows (requests join mid-flight)."""
+    target = make_target(model_type, num_hidden_layers=3)
+    requests = mixed_requests(target.config.vocab_size, count=9, seed=ARCHITECTURES.index(model_type))
+    # Some requests get their own EOS: a token their free-running output emits early, so they stop there.
+    free_running = solo_outputs(target, requests)
+    for request in requests[::3]:
+        if len(free_running[request.request_id]) > 3:
+            request.eos_token_id = [target.config.eos_token_id, free_running[request.request_id][2]]
+    references = solo_outputs(target, requests)
+    drafter = make_drafter(kind, target)
+    engine = SpeculativeEngine(target, drafter, policy=policy, max_batch_size=4, cost_model=flat_cost_model())
+    drafter.engine, drafter.references, drafter.rng = engine, references, random.Random(0)
+    outputs = engine.generate(requests)
+    for request, output in zip(requests, outputs):
+        assert output.output_ids == references[request.request_id], f"request {request.request_id} diverged"
+        assert output.finish_reason in ("eos", "length")
+    assert "eos" in {o.finish_reason for o in outputs}  # some request stopped early
+    accepted = [sum(o.stats.accepted) for o in outputs]
+    assert sum(accepted) > 20 and len(set(accepted)) > 2  # rows really accepted different amounts
+    assert engine.stats.peak_rows == 4
+
+
+def test_batched_autoregressive_baseline_matches_generate():
+    target = make_target("qwen3", num_hidden_layers=2)
+    requests = mixed_requests(target.config.vocab_size, count=6, seed=3)
+    references = solo_outputs(target, requests)
+    outputs = SpeculativeEngine(target, None, max_batch_size=3).generate(requests)
+    assert [o.output_ids for o in outputs] == [references[r.request_id] for r in requests]
+
+
+def test_untrained_drafter_with_dcut_is_lossless_and_reports_stats():
+    target = make_target("llama", num_hidden_layers=2)
+    requests = mixed_requests(target.config.vocab_size, count=5, seed=5)
+    references = solo_outputs(target, requests)
+    drafter = make_drafter("mtp", target, oracle=False)
+    engine = SpeculativeEngine(target, drafter, max_batch_size=8, cost_model=flat_cost_model())
+    outputs = engine.generate(requests)
+    assert [o.output_ids for o in outputs] == [references[r.request_id] for r in requests]
+    assert engine.stats.generated_tokens == sum(len(o.output_ids) for o in outputs)
+    assert engine.stats.peak_cache_bytes > 0 and engine.stats.rounds > 0
+
+
+def test_dcut_skips_drafting_when_verification_cannot_pay():
+    """A cost model where a second verified token doubles the cost: D-cut drafts nothing and decodes as AR."""
+    target = make_target("llama", num_hidden_layers=2)
+    requests = mixed_requests(target.config.vocab_size, count=4, seed=2)
+    references = solo_outputs(target, requests)
+    steep = VerifyCostModel(rows=[1], tokens=[1, 2, 32], seconds=[[1.0, 2.0, 32.0]], context=128)
+    engine = SpeculativeEngine(target, make_drafter("mtp", target, oracle=False), max_batch_size=4, cost_model=steep)
+    outputs = engine.generate(requests)
+    assert [o.output_ids for o in outputs] == [references[r.request_id] for r in requests]
+    assert engine.stats.skipped_drafts >= engine.stats.rounds - len(requests) > 0  # all rounds but last ones at the limit
+    assert all(sum(o.stats.drafted) == 0 for o in outputs)
+
+
+def test_sampling_preserves_the_target_distribution():
+    """The second token (the first one a verify round decides) of many sampled continuations vs its exact law
+    under the target, sum over x1 of p(x1) p(x2 | x1)."""
+    from scipy.stats import chisquare
+
+    target = make_target("llama", vocab_size=24, num_hidden_layers=2)
+    target.lm_head.weight.div_(4.0)  # flatter distribution: many outcomes
+    drafter = AngelSpecMTPDrafter.from_target(target, num_depths=2)
+    prompt, temperature = [3, 9, 4], 0.9
+    requests = [Request(prompt, max_new_tokens=3, eos_token_id=[], do_sample=True, temperature=temperature, seed=s) for s in range(1500)]
+    engine = SpeculativeEngine(target, drafter, policy="fixed-2", max_batch_size=64)
+    outputs = engine.generate(requests)
+    first = (target(torch.tensor([prompt])).logits[0, -1] / temperature).softmax(-1)
+    following = torch.stack([
+        (target(torch.tensor([prompt + [x]])).logits[0, -1] / temperature).softmax(-1) for x in range(first.numel())
+    ])
+    expected = (first[:, None] * following).sum(0) * len(outputs)
+    observed = torch.bincount(torch.tensor([o.output_ids[1] for o in outputs]), minlength=expected.numel()).double()
+    keep = expected > 5
+    assert chisquare(observed[keep], expected[keep] * observed[keep].sum() / expected[keep].sum()).pvalue > 1e-3
+    assert sum(sum(o.stats.accepted) for o in outputs) > 100  # drafts were accepted and rejected
+
+
+def test_impossible_requests_are_rejected_while_the_others_run():
+    target = make_target("llama", num_hidden_layers=2, max_position_embeddings=64)
+    good = Request([1, 2, 3], max_new_tokens=8)
+    too_long = Request(list(range(1, 50)), max_new_tokens=30)
+    empty = Request([], max_new_tokens=4)
+    with pytest.warns(UserWarning, match="rejected"):
+        outputs = SpeculativeEngine(target, None).generate([too_long, good, empty])
+    assert outputs[0].finish_reason == "error" and "context of 64" in outputs[0].error
+    assert outputs[2].finish_reason == "error" and "empty prompt" in outputs[2].error
+    assert outputs[1].finish_reason in ("eos", "length")
+    assert outputs[1].output_ids == solo_outputs(target, [good])[good.request_id]
+
+
+def test_requests_beyond_the_memory_budget_are_queued_not_crashed():
+    target = make_target("llama", num_hidden_layers=2)
+    requests = [Request([3 + i, 4, 5 + i], max_new_tokens=12, request_id=i) for i in range(6)]
+    references = solo_outputs(target, requests)
+    engine = SpeculativeEngine(target, None, max_batch_size=6)
+    one_row = 2 * (max(len(r.input_ids) + r.max_new_tokens for r in requests) + 1) * engine.bytes_per_token
+    engine.memory_budget_bytes = 2 * one_row  # room for two rows at a time
+    outputs = engine.generate(requests)
+    assert [o.output_ids for o in outputs] == [references[r.request_id] for r in requests]
+    assert engine.stats.peak_rows <= 2
+
+
+def test_ragged_cache_compaction_keeps_every_rows_tokens_in_order():
+    cache = RaggedCache(2)
+    layer_keys = torch.arange(2 * 6, dtype=torch.float64).view(2, 1, 6, 1)
+    cache.cache.update(layer_keys, layer_keys.clone(), 0)
+    cache.append(torch.tensor([[1, 0, 1, 0, 0, 1], [1, 1, 0, 0, 0, 0]], dtype=torch.bool))
+    cache.compact()
+    assert cache.width == 3
+    assert cache.valid.tolist() == [[True, True, True], [False, True, True]]
+    assert cache.cache.layers[0].keys[0, 0, :, 0].tolist() == [0, 2, 5]
+    assert cache.cache.layers[0].keys[1, 0, 1:, 0].tolist() == [6, 7]
