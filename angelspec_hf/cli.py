@@ -1,4 +1,5 @@
-"""`angelspec` command line: `demo`, `regenerate` training responses, `bench` drafters against plain decoding."""
+"""`angelspec` command line: `demo`, `regenerate` training responses, `bench` drafters against plain decoding (one
+sequence at a time, or batched with `--concurrency`), `profile` the verify cost D-cut plans with."""
 
 from __future__ import annotations
 
@@ -65,6 +66,21 @@ def _bench(args: argparse.Namespace) -> None:
     bench_main(args)
 
 
+def _profile(args: argparse.Namespace) -> None:
+    from .generation.dcut import cost_model_path, profile_verify_cost
+    from .targets import load_target
+
+    target = load_target(args.target)
+    rows = [int(r) for r in args.rows.split(",")]
+    model = profile_verify_cost(target.model, rows=rows, repeats=args.repeats)
+    path = args.output or cost_model_path(target.model)
+    model.save(path)
+    print(f"verify-cost profile ({model.machine['threads']} threads) -> {path}")
+    print("rows \\ tokens " + " ".join(f"{t:>7}" for t in model.tokens))
+    for batch, line in zip(model.rows, model.seconds):
+        print(f"{batch:>13} " + " ".join(f"{1000 * s:>5.0f}ms" for s in line))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="angelspec", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -86,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--limit", type=int, default=5, help="how many MT-bench prompts")
     demo.add_argument("--max-new-tokens", type=int, default=128)
     demo.set_defaults(func=_demo)
+
+    profile = commands.add_parser("profile", help="(re-)profile the target's verify-forward latency on this machine for D-cut")
+    profile.add_argument("--target", default="smollm2")
+    profile.add_argument("--rows", default="1,2,4,8,16,32,64", help="comma-separated batch sizes to profile")
+    profile.add_argument("--repeats", type=int, default=5)
+    profile.add_argument("--output", default=None, help="JSON file (default: the cache D-cut reads)")
+    profile.set_defaults(func=_profile)
 
     from .benchmark.bench import add_arguments
 

@@ -85,6 +85,10 @@ PROMPT_SETS: dict[str, PromptSet] = {
 }
 
 
+# Named mixtures: chat, math and code prompts in turn (the engine benchmark's serving mix).
+MIXTURES = {"mixed": "mt_bench+gsm8k_test+mbpp_test"}
+
+
 def default_data_dir() -> str | None:
     """`$ANGELSPEC_DATA_DIR`, else `../shared/data` beside the working directory or the package, if it exists."""
     candidates = [os.environ.get(DATA_DIR_ENV)]
@@ -99,10 +103,15 @@ def default_data_dir() -> str | None:
 def load_prompts(source: str, data_dir: str | None = None, limit: int | None = None) -> datasets.Dataset:
     """Load prompts as a `datasets.Dataset` with columns `prompt` and `category`.
 
-    `source` is a registered set name (read from `data_dir`, else from the Hub), or a path to a JSON/JSONL file
-    whose records carry `prompt` (a string) or `turns` (a list of strings, MT-bench / Spec-Bench format).
+    `source` is a registered set name (read from `data_dir`, else from the Hub), a path to a JSON/JSONL file
+    whose records carry `prompt` (a string) or `turns` (a list of strings, MT-bench / Spec-Bench format), or
+    several of these joined by `+` (taken in turn, e.g. `mt_bench+gsm8k_test+mbpp_test`; `mixed` names that one).
     """
-    if source in PROMPT_SETS:
+    source = MIXTURES.get(source, source)
+    if "+" in source:
+        parts = [load_prompts(part, data_dir=data_dir) for part in source.split("+")]
+        prompts = datasets.interleave_datasets(parts)  # round robin until the shortest part runs out
+    elif source in PROMPT_SETS:
         spec = PROMPT_SETS[source]
         data_dir = data_dir or default_data_dir()
         if data_dir is not None and os.path.isfile(os.path.join(data_dir, spec.local_file)):
@@ -125,7 +134,7 @@ def load_prompts(source: str, data_dir: str | None = None, limit: int | None = N
 
         prompts = raw.map(to_record, remove_columns=raw.column_names)
     else:
-        known = ", ".join(sorted(PROMPT_SETS))
+        known = ", ".join(sorted(PROMPT_SETS) + sorted(MIXTURES))
         raise FileNotFoundError(f"Unknown prompt source {source!r}: not a file and not one of {known}")
     if limit is not None:
         prompts = prompts.select(range(min(limit, len(prompts))))

@@ -57,3 +57,45 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
     assert len(calibration) == 10 and "calibration" not in by_name["mtp:drafter[fixed-2]"]
     printed = capsys.readouterr().out
     assert "mtp:drafter[dcut]" in printed and "| transformers-dflash:dflash |" in printed
+
+
+def test_engine_bench_reports_every_policy_at_every_concurrency(smollm2_tokenizer, tmp_path, capsys):
+    target = make_target("qwen2", vocab_size=len(smollm2_tokenizer), dtype=torch.float32, seed=3, eos_token_id=2, pad_token_id=2)
+    target.save_pretrained(tmp_path / "target")
+    smollm2_tokenizer.save_pretrained(tmp_path / "target")
+    AngelSpecMTPDrafter.from_target(target, smollm2_tokenizer, num_depths=3, draft_vocab_size=256).save_pretrained(tmp_path / "mtp")
+    DFlyDrafter.from_target(target, smollm2_tokenizer, block_size=5, num_draft_layers=1, mask_token_id=0).save_pretrained(tmp_path / "dfly")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Count to {n}."}) + "\n" for n in range(6)))
+    output = tmp_path / "engine.json"
+    cli_main([
+        "bench", "--target", str(tmp_path / "target"), "--drafter", f"{tmp_path / 'mtp'}@fixed-1,fixed-3,dcut",
+        "--drafter", f"{tmp_path / 'dfly'}@fixed-4,dcut", "--prompts", str(prompts), "--max-new-tokens", "6",
+        "--concurrency", "1,4", "--min-requests", "5", "--output", str(output),
+    ])
+    report = json.loads(output.read_text())
+    assert [level["concurrency"] for level in report["concurrency"]] == [1, 4]
+    for level in report["concurrency"]:
+        names = [run["name"] for run in level["runs"]]
+        assert names == ["batched-ar", "mtp[fixed-1]", "mtp[fixed-3]", "mtp[dcut]", "dfly[fixed-4]", "dfly[dcut]"]
+        assert level["requests"] == 5
+        for run in level["runs"]:
+            for key in ("tokens_per_s", "speedup", "tau", "peak_kv_cache_mib", "peak_rss_mib"):
+                assert math.isfinite(run[key]) and run[key] >= 0, (run["name"], key)
+            assert run["identical_fraction"] == 1.0 and not run["errors"]
+            assert run["peak_rows"] == level["concurrency"] and run["generated_tokens"] > 0
+    assert set(report["summary"]) == {"mtp", "dfly"} and "4" in report["summary"]["mtp"]["dcut_vs_best_fixed"]
+    assert report["verify_cost"]["rows"] == [1, 2, 4]
+    assert "| 4 | mtp[dcut] |" in capsys.readouterr().out
+
+
+def test_profile_command_writes_a_cost_model(smollm2_tokenizer, tmp_path, capsys):
+    from angelspec_hf.generation.dcut import VerifyCostModel
+
+    target = make_target("llama", vocab_size=len(smollm2_tokenizer), dtype=torch.float32, seed=4)
+    target.save_pretrained(tmp_path / "target")
+    smollm2_tokenizer.save_pretrained(tmp_path / "target")
+    cli_main(["profile", "--target", str(tmp_path / "target"), "--rows", "1,3", "--repeats", "1", "--output", str(tmp_path / "cost.json")])
+    model = VerifyCostModel.load(str(tmp_path / "cost.json"))
+    assert model.rows == [1, 3] and all(s > 0 for line in model.seconds for s in line)
+    assert "rows \\ tokens" in capsys.readouterr().out

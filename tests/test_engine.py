@@ -188,3 +188,29 @@ def test_ragged_cache_compaction_keeps_every_rows_tokens_in_order():
     assert cache.valid.tolist() == [[True, True, True], [False, True, True]]
     assert cache.cache.layers[0].keys[0, 0, :, 0].tolist() == [0, 2, 5]
     assert cache.cache.layers[0].keys[1, 0, 1:, 0].tolist() == [6, 7]
+
+
+@pytest.mark.parametrize("kind", ["mtp", "dfly"])
+def test_generate_with_a_batch_runs_the_engine(kind):
+    """`target.generate(left-padded batch, attention_mask, assistant_model=drafter)` equals each row's solo generate."""
+    target = make_target("mistral", num_hidden_layers=2)
+    drafter = make_drafter(kind, target, oracle=False)
+    prompts = [[5, 6, 7, 8, 9], [11], [20, 21, 22]]
+    width = max(map(len, prompts))
+    pad = target.config.pad_token_id
+    batch = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    output = target.generate(batch, attention_mask=mask, max_new_tokens=15, do_sample=False, assistant_model=drafter)
+    for row, prompt in enumerate(prompts):
+        solo = target.generate(torch.tensor([prompt]), max_new_tokens=15, do_sample=False)[0, len(prompt) :].tolist()
+        generated = output[row, width:].tolist()
+        assert generated[: len(solo)] == solo and set(generated[len(solo) :]) <= {pad}
+    assert drafter.speculation_stats.target_forwards > 0
+
+
+def test_generate_with_a_batch_refuses_what_it_cannot_reproduce():
+    target = make_target("llama", num_hidden_layers=2)
+    drafter = make_drafter("mtp", target, oracle=False)
+    batch = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    with pytest.raises(ValueError, match="RepetitionPenaltyLogitsProcessor"):
+        target.generate(batch, max_new_tokens=5, repetition_penalty=1.3, assistant_model=drafter)

@@ -47,6 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--full-vocab-variant", action="store_true",
         help="also run each reduced-vocabulary drafter with the target's full lm_head (what the reduced head saves)",
     )
+    parser.add_argument(
+        "--concurrency", default=None,
+        help="comma-separated request concurrencies (e.g. 1,4,8,16,32,64): benchmark the batched engine instead, "
+        "batched AR vs each drafter with each policy (dcut, fixed-K) at each concurrency",
+    )
+    parser.add_argument("--min-requests", type=int, default=8, help="engine benchmark: requests per concurrency at least")
     parser.add_argument("--output", default=None, help="write results as JSON here")
     parser.add_argument("--markdown", action="store_true", help="also print the results as a Markdown table")
 
@@ -285,7 +291,7 @@ def main(args: argparse.Namespace) -> dict:
     from ..targets import load_target
 
     target = load_target(args.target)
-    methods = []
+    methods, engine_drafters = [], []
     for spec in args.drafter:
         path, _, own_schedules = spec.partition("@")
         if not os.path.isdir(path):
@@ -294,8 +300,22 @@ def main(args: argparse.Namespace) -> dict:
         if args.num_draft_tokens is not None:
             drafter.generation_config.num_assistant_tokens = args.num_draft_tokens
         schedules = tuple(schedule.strip() for schedule in (own_schedules or args.schedules).split(",") if schedule.strip())
-        methods += drafter_methods(os.path.basename(os.path.normpath(path)), drafter, args.full_vocab_variant, schedules)
+        name = os.path.basename(os.path.normpath(path))
+        if args.concurrency:
+            engine_drafters.append((name, drafter, schedules))
+        else:
+            methods += drafter_methods(name, drafter, args.full_vocab_variant, schedules)
     prompts = [row["prompt"] for row in load_prompts(args.prompts, data_dir=args.data_dir, limit=args.limit)]
+    if args.concurrency:
+        from .engine_bench import main as engine_main
+
+        report = engine_main(args, target, engine_drafters, prompts)
+        report.update(machine=machine_state(), prompts=args.prompts, target=getattr(target.model.config, "name_or_path", None))
+        if args.output:
+            os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+            with open(args.output, "w") as handle:
+                json.dump(report, handle, indent=2)
+        return report
     results = run_benchmark(target.model, target.tokenizer, methods, prompts, args.max_new_tokens)
     results["prompts"] = args.prompts
     results["command"] = getattr(args, "command_line", None)

@@ -225,8 +225,8 @@ class SpeculativeEngine:
             self._admit(waiting, outputs)
             if self.rows:
                 self._round()
-            self._retire()
             self._record_memory()
+            self._retire()
             done = sum(len(o.output_ids) for o in outputs.values())
             if bar is not None:
                 bar.update(done - bar.n)

@@ -1,0 +1,135 @@
+"""`angelspec bench --concurrency 1,4,...`: throughput of the batched engine per policy and concurrency.
+
+At each concurrency C the same requests (the first `max(C, --min-requests)` prompts, each with `--max-new-tokens`)
+run through batched AR and through every drafter with every policy (fixed depths and D-cut), C at a time with
+continuous refill. Reported per run: output tokens/s (prefill included: it is part of serving), speedup over batched
+AR at that concurrency, τ, acceptance by depth, identical fraction against batched AR, time split, peak memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from tqdm.auto import tqdm
+
+from ..generation.dcut import load_cost_model
+from ..generation.engine import PROFILED_ROWS, Request, SpeculativeEngine
+from ..metrics import SpeculationStats
+from ..prompts import encode_chat
+
+
+def engine_run(target, drafter, policy: str, requests: list[Request], concurrency: int, cost_model=None) -> tuple[dict, list]:
+    """One engine run; returns its metrics and the outputs."""
+    engine = SpeculativeEngine(target, drafter, policy=policy, max_batch_size=concurrency, cost_model=cost_model)
+    outputs = engine.generate([dataclasses.replace(r) for r in requests])
+    stats = engine.stats
+    pooled = sum((o.stats for o in outputs), SpeculationStats())
+    tokens_per_s = stats.generated_tokens / stats.seconds if stats.seconds else 0.0
+    return {
+        "tokens_per_s": tokens_per_s,
+        "tau": pooled.tau if drafter is not None else 1.0,
+        "acceptance_by_depth": pooled.acceptance_by_depth(),
+        "generated_tokens": stats.generated_tokens,
+        "seconds": stats.seconds,
+        "rounds": stats.rounds,
+        "skipped_draft_rounds": stats.skipped_drafts,
+        "time_split": {name: value / stats.seconds for name, value in stats.phase_seconds.items()} if stats.seconds else {},
+        "peak_rows": stats.peak_rows,
+        "peak_kv_cache_mib": stats.peak_cache_bytes / 2**20,
+        "peak_rss_mib": stats.peak_rss_bytes / 2**20,
+        "errors": [o.error for o in outputs if o.error],
+    }, outputs
+
+
+def run_engine_benchmark(
+    target, tokenizer, drafters: list[tuple[str, object, tuple[str, ...]]], prompts: list[str], concurrencies: list[int],
+    max_new_tokens: int, min_requests: int = 8,
+) -> dict:
+    """Batched AR and every (drafter, policy) at every concurrency, on the same requests."""
+    encoded = [encode_chat(tokenizer, prompt) for prompt in prompts]
+    needed = max(max(concurrencies), min_requests)
+    if len(encoded) < needed:
+        raise ValueError(f"{len(encoded)} prompts for a concurrency of {max(concurrencies)}: need {needed}")
+    # Profile the verify cost over every batch size the runs use before timing anything.
+    rows = sorted({r for r in PROFILED_ROWS if r < max(concurrencies)} | set(concurrencies))
+    cost_model = load_cost_model(target, rows=rows) if any("dcut" in p for _, _, p in drafters) else None
+    warm = [Request(encoded[0], max_new_tokens=4)]
+    for _, drafter, policies in drafters:
+        for policy in policies:
+            SpeculativeEngine(target, drafter, policy=policy, max_batch_size=1, cost_model=cost_model).generate(warm)
+    levels = []
+    for concurrency in tqdm(concurrencies, desc="concurrency"):
+        requests = [Request(ids, max_new_tokens=max_new_tokens, request_id=i) for i, ids in enumerate(encoded[: max(concurrency, min_requests)])]
+        ar, reference = engine_run(target, None, "dcut", requests, concurrency)
+        ar["name"], ar["speedup"], ar["identical_fraction"] = "batched-ar", 1.0, 1.0
+        runs = [ar]
+        for name, drafter, policies in drafters:
+            for policy in policies:
+                metrics, outputs = engine_run(target, drafter, policy, requests, concurrency, cost_model)
+                metrics["name"] = f"{name}[{policy}]"
+                metrics["speedup"] = metrics["tokens_per_s"] / ar["tokens_per_s"] if ar["tokens_per_s"] else 0.0
+                same = sum(o.output_ids == r.output_ids for o, r in zip(outputs, reference))
+                metrics["identical_fraction"] = same / len(outputs)
+                if "dcut" in policy:
+                    metrics["calibration"] = drafter.dcut_calibrator.table()
+                runs.append(metrics)
+        levels.append({"concurrency": concurrency, "requests": len(requests), "runs": runs})
+    report = {"max_new_tokens": max_new_tokens, "concurrency": levels, "summary": summarize(levels)}
+    if cost_model is not None:
+        report["verify_cost"] = dataclasses.asdict(cost_model)
+    return report
+
+
+def summarize(levels: list[dict]) -> dict:
+    """Per drafter: D-cut vs the best fixed depth at each concurrency, and where each fixed depth loses to AR."""
+    summary = {}
+    for level in levels:
+        by_drafter: dict[str, dict[str, dict]] = {}
+        for run in level["runs"][1:]:
+            drafter, _, policy = run["name"].rpartition("[")
+            by_drafter.setdefault(drafter, {})[policy.rstrip("]")] = run
+        for drafter, runs in by_drafter.items():
+            entry = summary.setdefault(drafter, {"dcut_vs_best_fixed": {}, "fixed_slower_than_ar": {}})
+            fixed = {policy: run for policy, run in runs.items() if policy.startswith("fixed-")}
+            if "dcut" in runs and fixed:
+                best = max(fixed, key=lambda policy: fixed[policy]["tokens_per_s"])
+                entry["dcut_vs_best_fixed"][level["concurrency"]] = {
+                    "best_fixed": best, "ratio": runs["dcut"]["tokens_per_s"] / fixed[best]["tokens_per_s"],
+                }
+            for policy, run in fixed.items():
+                if run["speedup"] < 1.0:
+                    entry["fixed_slower_than_ar"].setdefault(policy, []).append(level["concurrency"])
+    return summary
+
+
+def format_engine_table(report: dict) -> str:
+    """Markdown: one row per (concurrency, method)."""
+    lines = [
+        "| concurrency | method | tokens/s | vs batched AR | τ | identical to AR | peak KV cache MiB | peak RSS MiB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for level in report["concurrency"]:
+        for run in level["runs"]:
+            lines.append(
+                f"| {level['concurrency']} | {run['name']} | {run['tokens_per_s']:.1f} | {run['speedup']:.2f}× | "
+                f"{run['tau']:.2f} | {run['identical_fraction']:.0%} | {run['peak_kv_cache_mib']:.1f} | {run['peak_rss_mib']:.0f} |"
+            )
+    for drafter, entry in report["summary"].items():
+        ratios = ", ".join(
+            f"C={c}: {v['ratio']:.2f}× of {v['best_fixed']}" for c, v in entry["dcut_vs_best_fixed"].items()
+        )
+        losers = "; ".join(f"{p} at C={','.join(map(str, cs))}" for p, cs in sorted(entry["fixed_slower_than_ar"].items())) or "none"
+        lines.append(f"\n{drafter}: D-cut vs best fixed depth — {ratios}. Fixed depths slower than batched AR: {losers}.")
+    return "\n".join(lines)
+
+
+def main(args, target, drafters, prompts: list[str]) -> dict:
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    report = run_engine_benchmark(
+        target.model, target.tokenizer, drafters, prompts, concurrencies, args.max_new_tokens, args.min_requests
+    )
+    report["command"] = getattr(args, "command_line", None)
+    report["threads"] = torch.get_num_threads()
+    print(format_engine_table(report))
+    return report
