@@ -93,15 +93,15 @@ class RaggedCache:
         width = max(self.width, other.width)
         mine, theirs = self.tensors(width), other.tensors(width)
         if mine or theirs:
+            holder = self if mine else other  # whose layer objects carry on
             mine = mine or [tuple(t.new_zeros(self.batch_size, *t.shape[1:]) for t in pair) for pair in theirs]
             theirs = theirs or [tuple(t.new_zeros(other.batch_size, *t.shape[1:]) for t in pair) for pair in mine]
             if len(mine) != len(theirs):
                 raise ValueError(f"Cannot merge caches of {len(mine)} and {len(theirs)} layers")
-            cache = self.cache if self.tensors(width) else other.cache
-            for layer, (keys, values), (joining_keys, joining_values) in zip(cache.layers, mine, theirs):
+            for layer, (keys, values), (joining_keys, joining_values) in zip(holder.written_layers(), mine, theirs):
                 layer.keys = torch.cat([keys, joining_keys], dim=0)
                 layer.values = torch.cat([values, joining_values], dim=0)
-            self.cache = cache
+            self.cache = holder.cache
         self.valid = torch.cat([self.pad_left(width), other.pad_left(width)], dim=0)
 
     def compact(self, max_waste: float = 0.5) -> None:
@@ -112,22 +112,26 @@ class RaggedCache:
         width = int(self.lengths.max())
         # A stable sort of the 0/1 validity puts each row's holes first and keeps its tokens in order.
         order = torch.sort(self.valid.to(torch.int8), dim=1, stable=True).indices[:, self.width - width :]
-        for layer in self.cache.layers:
-            if getattr(layer, "keys", None) is None or not layer.keys.numel():
-                continue
+        for layer in self.written_layers():
             index = order[:, None, :, None].to(layer.keys.device)
             layer.keys = layer.keys.gather(2, index.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1]))
             layer.values = layer.values.gather(2, index.expand(-1, layer.values.shape[1], -1, layer.values.shape[-1]))
         self.valid = self.valid.gather(1, order)
 
+    def nbytes(self) -> int:
+        """Bytes held by the cache tensors."""
+        return sum(t.numel() * t.element_size() for layer in self.written_layers() for t in (layer.keys, layer.values))
+
     # -- helpers ------------------------------------------------------------------------------------------------------
+
+    def written_layers(self) -> list:
+        """The cache layers that hold tensors (a layer is created empty and filled by the first forward)."""
+        return [layer for layer in self.cache.layers if getattr(layer, "keys", None) is not None and layer.keys.numel()]
 
     def tensors(self, width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each written layer's (keys, values), left-padded with zero columns to `width`."""
         out = []
-        for layer in self.cache.layers:
-            if getattr(layer, "keys", None) is None or not layer.keys.numel():
-                continue
+        for layer in self.written_layers():
             pad = width - layer.keys.shape[2]
             out.append(tuple(torch.nn.functional.pad(t, (0, 0, pad, 0)) for t in (layer.keys, layer.values)))
         return out

@@ -117,3 +117,41 @@ def test_sequential_drafting_stops_when_no_further_token_can_pay_for_its_verific
     output = target.generate(prompt, max_new_tokens=20, do_sample=False, assistant_model=drafter)
     assert torch.equal(output, target.generate(prompt, max_new_tokens=20, do_sample=False))
     assert lengths and set(lengths) <= {0, 1}
+
+
+def test_drafting_stops_only_when_no_further_depth_can_beat_the_best_cut():
+    """Random rounds: when `worth_drafting_further` says stop, no random continuation (confidences falling from
+    each row's last one, each depth costing the step time) has a cut that beats the best cut of what is drafted;
+    when it says continue, continuing at each row's last confidence does beat it."""
+    from angelspec_hf.generation.dcut import worth_drafting_further
+
+    generator = torch.Generator().manual_seed(3)
+    stops = continues = 0
+    for trial in range(300):
+        rows, drafted, most = int(torch.randint(1, 4, ())), int(torch.randint(0, 4, ())), 5
+        raw = torch.rand(rows, most, generator=generator, dtype=torch.float64).cumprod(-1)
+        table = sorted(torch.rand(most + 1, generator=generator).tolist())
+        cost = VerifyCostModel(rows=[1], tokens=list(range(1, most + 2)), seconds=[[0.5 + t for t in table]], context=0)
+        verify = lambda r, w: cost(1, w) * r  # noqa: E731
+        draft_seconds, step = float(torch.rand((), generator=generator)) * 0.3, float(torch.rand((), generator=generator)) * 0.2
+        confidences = [row[:drafted] for row in raw]
+        last = torch.tensor([float(c[-1]) if drafted else 1.0 for c in confidences], dtype=torch.float64)
+        current = max(rate([w] * rows, confidences, verify, draft_seconds) for w in range(drafted + 1))
+
+        def best_cut(extension):  # the best width over drafted + extension, the extension's steps paid for
+            full = [torch.cat([c, e]) for c, e in zip(confidences, extension)]
+            seconds = draft_seconds + step * extension.shape[1]
+            return max(rate([w] * rows, full, verify, seconds) for w in range(drafted + extension.shape[1] + 1))
+
+        if worth_drafting_further(confidences, verify, most, draft_seconds, step, top_confidence=1.0):
+            continues += 1
+            assert any(
+                best_cut(last[:, None].expand(-1, more)) > current for more in range(1, most - drafted + 1)
+            ), trial
+        else:
+            stops += 1
+            for _ in range(20):
+                more = int(torch.randint(1, most - drafted + 1, ())) if drafted < most else 0
+                extension = last[:, None] * torch.rand(rows, more, generator=generator, dtype=torch.float64).cumprod(-1)
+                assert best_cut(extension) <= current + 1e-12, trial
+    assert stops > 20 and continues > 20

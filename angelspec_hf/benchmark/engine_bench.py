@@ -3,7 +3,8 @@
 At each concurrency C the same requests (the first `max(C, --min-requests)` prompts, each with `--max-new-tokens`)
 run through batched AR and through every drafter with every policy (fixed depths and D-cut), C at a time with
 continuous refill. Reported per run: output tokens/s (prefill included: it is part of serving), speedup over batched
-AR at that concurrency, τ, acceptance by depth, identical fraction against batched AR, time split, peak memory.
+AR at that concurrency, decode tokens/s (prefill excluded), τ, acceptance by depth, identical fraction against
+batched AR, time split, peak KV-cache bytes and peak resident memory (sampled every round).
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ def engine_run(target, drafter, policy: str, requests: list[Request], concurrenc
     stats = engine.stats
     pooled = sum((o.stats for o in outputs), SpeculationStats())
     tokens_per_s = stats.generated_tokens / stats.seconds if stats.seconds else 0.0
+    decoding = stats.seconds - stats.phase_seconds["prefill"]
     return {
         "tokens_per_s": tokens_per_s,
+        "decode_tokens_per_s": stats.generated_tokens / decoding if decoding > 0 else 0.0,
         "tau": pooled.tau if drafter is not None else 1.0,
         "acceptance_by_depth": pooled.acceptance_by_depth(),
         "generated_tokens": stats.generated_tokens,
@@ -106,13 +109,14 @@ def summarize(levels: list[dict]) -> dict:
 def format_engine_table(report: dict) -> str:
     """Markdown: one row per (concurrency, method)."""
     lines = [
-        "| concurrency | method | tokens/s | vs batched AR | τ | identical to AR | peak KV cache MiB | peak RSS MiB |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| concurrency | method | tokens/s | vs batched AR | decode tokens/s | τ | identical to AR | peak KV cache MiB | peak RSS MiB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for level in report["concurrency"]:
         for run in level["runs"]:
             lines.append(
                 f"| {level['concurrency']} | {run['name']} | {run['tokens_per_s']:.1f} | {run['speedup']:.2f}× | "
+                f"{run['decode_tokens_per_s']:.1f} | "
                 f"{run['tau']:.2f} | {run['identical_fraction']:.0%} | {run['peak_kv_cache_mib']:.1f} | {run['peak_rss_mib']:.0f} |"
             )
     for drafter, entry in report["summary"].items():

@@ -22,7 +22,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from ..metrics import SpeculationStats
-from .dcut import ConfidenceCalibrator, dcut_depths, load_cost_model, prefix_confidence
+from .dcut import ConfidenceCalibrator, dcut_depths, load_cost_model, prefix_confidence, worth_drafting_further
 
 SCHEDULES = ("dcut", "constant", "heuristic")
 
@@ -60,11 +60,10 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         if self.schedule not in SCHEDULES:
             raise ValueError(f"num_assistant_tokens_schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.schedule == "dcut":
-            self.verify_seconds = load_cost_model(target)
-            # Cost of widening a one-row verify forward from w to w + 1 tokens, w = 1 .. max_tokens (fixed per call).
-            self.marginal_seconds = [
-                self.verify_seconds(1, width + 1) - self.verify_seconds(1, width) for width in range(1, self.max_tokens + 1)
-            ]
+            cost_model = load_cost_model(target)
+            # One-row verify cost by width, looked up (not interpolated) on every drafted token.
+            widths = [cost_model(1, width) for width in range(1, self.max_tokens + 2)]
+            self.verify_seconds = lambda rows, width: widths[width - 1]
             if getattr(drafter, "dcut_calibrator", None) is None:  # kept across calls: it follows acceptance drift
                 drafter.dcut_calibrator = ConfidenceCalibrator()
             self.calibrator = drafter.dcut_calibrator
@@ -80,6 +79,8 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         self.num_seen = 0
         self.num_drafted = 0
         self.chosen_probabilities: list[torch.Tensor] = []
+        self.chosen_at: list[float] = []
+        self.step_seconds = 0.0  # one sequential drafting step, measured (optimistic 0 until measured)
         self.verified_confidence = torch.zeros(0)
         self.stats = SpeculationStats()
         drafter.speculation_stats = self.stats
@@ -90,6 +91,7 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         probabilities = (logits.float() / self.temperature).softmax(-1)
         token = torch.multinomial(probabilities, 1)[:, 0] if self.do_sample else logits.argmax(-1)
         self.chosen_probabilities.append(probabilities.gather(-1, token[:, None])[:, 0])
+        self.chosen_at.append(time.perf_counter())
         return token
 
     def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, **kwargs):
@@ -102,7 +104,7 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         self.num_seen = length - 1
         self.num_drafted = max(0, min(self.num_tokens, self.max_length - length - 1))
         start = time.perf_counter()
-        self.chosen_probabilities, self.round_start = [], start
+        self.chosen_probabilities, self.chosen_at, self.round_start = [], [], start
         draft_ids, draft_logits = self.drafter.propose(
             self.state, hidden, new_tokens, self.num_drafted, self.choose, keep_drafting=self.keep_drafting
         )
@@ -123,21 +125,15 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         return prefix_confidence(torch.stack(self.chosen_probabilities[:count], dim=1)[0].cpu())
 
     def keep_drafting(self) -> bool:
-        """Early exit for sequential drafting (MTP depths, DFly's AR head) under D-cut.
-
-        A further token's calibrated confidence is at most the current prefix's (c), and it costs at least the
-        cheapest further verify slot (Δ). If c / Δ is not above the rate of a round that verifies no draft, no
-        extension can beat the best prefix already drafted, so drafting stops.
-        """
+        """Early exit for sequential drafting (MTP depths, DFly's AR head) under D-cut: stop once no further token
+        can raise the round's expected tokens per second (`worth_drafting_further`, one row)."""
         if self.schedule != "dcut":
             return True
-        drafted = len(self.chosen_probabilities)
-        cheapest = min(self.marginal_seconds[drafted : self.num_drafted], default=0.0)
-        if cheapest <= 0:
-            return True
-        confidence = float(self.calibrator(self.raw_confidence(drafted))[-1])
-        no_draft_rate = 1.0 / (self.verify_seconds(1, 1) + time.perf_counter() - self.round_start)
-        return confidence / cheapest > no_draft_rate
+        if len(self.chosen_at) > 1:
+            self.step_seconds = (self.chosen_at[-1] - self.chosen_at[0]) / (len(self.chosen_at) - 1)
+        confidence = self.calibrator(self.raw_confidence(len(self.chosen_probabilities)))
+        elapsed = time.perf_counter() - self.round_start
+        return worth_drafting_further([confidence], self.verify_seconds, self.num_drafted, elapsed, self.step_seconds)
 
     def dcut(self, draft_ids: torch.LongTensor, draft_seconds: float) -> torch.LongTensor:
         """Keep the prefix worth verifying (D-cut with one request): calibrated prefix confidences against the

@@ -225,3 +225,34 @@ def dcut_depths(
     for _, _, request in ranking[:best_count]:
         chosen[request] += 1
     return chosen
+
+
+def worth_drafting_further(
+    confidences: Sequence[torch.Tensor],
+    verify_seconds: Callable[[int, int], float],
+    max_draft: int,
+    draft_seconds: float,
+    step_seconds: float,
+    top_confidence: float = 1.0,
+) -> bool:
+    """Early exit of sequential drafting (MTP depths, DFly's AR head), for R rows drafting in lockstep.
+
+    `confidences[r]` are row r's calibrated prefix confidences so far (k each). With padded verification the best
+    cut verifies everything drafted up to some width, so the best rate achievable now is
+    max_w (R + Σ_r Σ_{j<w} c_rj) / (t_draft + t_verify(R, 1 + w)). Drafting m more tokens per row adds at most
+    m·Σ_r c_rk expected tokens (confidences never grow along a draft; `top_confidence` when nothing is drafted yet)
+    and costs m further steps; drafting stops when no m can beat the rate already achievable.
+    """
+    rows = len(confidences)
+    drafted = len(confidences[0]) if rows else 0
+    if rows == 0 or drafted >= max_draft:
+        return False
+    columns = torch.stack([c.double() for c in confidences]) if drafted else torch.zeros(rows, 0, dtype=torch.float64)
+    expected = rows + torch.cat([torch.zeros(1, dtype=torch.float64), columns.sum(0).cumsum(0)])  # by width
+    best = max(float(expected[w]) / (draft_seconds + verify_seconds(rows, 1 + w)) for w in range(drafted + 1))
+    last = float(columns[:, -1].sum()) if drafted else rows * top_confidence
+    for more in range(1, max_draft - drafted + 1):
+        rate = (float(expected[-1]) + more * last) / (draft_seconds + more * step_seconds + verify_seconds(rows, 1 + drafted + more))
+        if rate > best:
+            return True
+    return False

@@ -30,7 +30,7 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 
 from ..cache_utils import RaggedCache
 from ..metrics import SpeculationStats
-from .dcut import ConfidenceCalibrator, dcut_depths, load_cost_model, prefix_confidence
+from .dcut import ConfidenceCalibrator, dcut_depths, load_cost_model, prefix_confidence, worth_drafting_further
 
 PROFILED_ROWS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -200,6 +200,7 @@ class SpeculativeEngine:
                 drafter.dcut_calibrator = ConfidenceCalibrator()
             self.calibrator = drafter.dcut_calibrator
         self.stats = EngineStats()
+        self.step_seconds = 0.0  # one sequential drafting step, measured (optimistic 0 until measured)
 
     # -- public API -----------------------------------------------------------------------------------------------
 
@@ -335,10 +336,16 @@ class SpeculativeEngine:
         )
         budget = max(row.remaining for row in self.rows) - 1
         num_tokens = max(0, min(self.max_draft, budget))
-        if num_tokens and self.fixed_depth is None and not self._drafting_can_pay(batch):
-            num_tokens = 0
-            self.stats.skipped_drafts += 1
+        verify = None
+        if self.fixed_depth is None:  # this round's verify cost by width, looked up instead of interpolated per token
+            widths = [self.verify_seconds(batch, width) for width in range(1, self.max_draft + 2)]
+            verify = lambda rows, width: widths[width - 1]  # noqa: E731
+            top = float(self.calibrator(torch.ones(1, dtype=torch.float64))[0])
+            if num_tokens and not worth_drafting_further([torch.zeros(0)] * batch, verify, num_tokens, 0.0, 0.0, top):
+                num_tokens = 0
+                self.stats.skipped_drafts += 1
         chosen: list[torch.Tensor] = []
+        chosen_at: list[float] = []
         temperatures = torch.tensor([row.request.temperature if row.request.do_sample else 1.0 for row in self.rows], device=self.device)
 
         def choose(logits: torch.Tensor) -> torch.LongTensor:
@@ -348,10 +355,17 @@ class SpeculativeEngine:
                 if row.request.do_sample:
                     token[r] = torch.multinomial(probabilities[r], 1, generator=row.generator)[0]
             chosen.append(probabilities.gather(-1, token[:, None])[:, 0])
+            chosen_at.append(time.perf_counter())
             return token
 
         def keep_drafting() -> bool:
-            return self.fixed_depth is not None or self._extension_can_pay(chosen, start)
+            """D-cut's early exit: stop once no further depth can raise the round's expected tokens per second."""
+            if verify is None:
+                return True
+            if len(chosen_at) > 1:
+                self.step_seconds = (chosen_at[-1] - chosen_at[0]) / (len(chosen_at) - 1)
+            confidences = list(self.calibrator(prefix_confidence(torch.stack(chosen, 1).cpu())))
+            return worth_drafting_further(confidences, verify, num_tokens, time.perf_counter() - start, self.step_seconds)
 
         draft_ids, logits = self.drafter.propose(
             self.draft_state, hidden, tokens, num_tokens, choose, keep_drafting=keep_drafting, new_lengths=lengths
@@ -362,24 +376,6 @@ class SpeculativeEngine:
         self.stats.phase_seconds["draft"] += self.round_draft_seconds
         probabilities = torch.stack(chosen, 1).cpu() if chosen else torch.zeros(batch, 0)
         return draft_ids, logits, probabilities[:, : draft_ids.shape[1]]
-
-    def _drafting_can_pay(self, rows: int) -> bool:
-        """Could verifying one drafted token per row, at the best calibrated confidence, beat verifying none?"""
-        best = float(self.calibrator(torch.ones(1, dtype=torch.float64))[0])
-        no_draft, one_draft = self.verify_seconds(rows, 1), self.verify_seconds(rows, 2)
-        return rows * (1 + best) / one_draft > rows / no_draft
-
-    def _extension_can_pay(self, chosen: list[torch.Tensor], start: float) -> bool:
-        """Early exit of sequential drafting: a further token per row adds at most the current prefix confidences
-        and costs at least the cheapest further verify slot; stop when that cannot beat a round without drafts."""
-        rows, drafted = len(self.rows), len(chosen)
-        marginal = [self.verify_seconds(rows, w + 1) - self.verify_seconds(rows, w) for w in range(drafted + 1, self.max_draft + 1)]
-        cheapest = min(marginal, default=0.0)
-        if cheapest <= 0:
-            return True
-        confidence = self.calibrator(prefix_confidence(torch.stack(chosen, 1).cpu()))[:, -1].sum()
-        no_draft_rate = rows / (self.verify_seconds(rows, 1) + time.perf_counter() - start)
-        return float(confidence) / cheapest > no_draft_rate
 
     def _depths(self, drafts: torch.Tensor, probabilities: torch.Tensor) -> list[int]:
         """Drafted tokens to verify per row: fixed, or D-cut's global ranking; never past a row's length limit."""
@@ -474,7 +470,7 @@ class SpeculativeEngine:
 
     def _record_memory(self) -> None:
         caches = [self.cache] + ([self.draft_state.cache] if self.draft_state is not None else [])
-        held = sum(t.numel() * t.element_size() for c in caches for pair in c.tensors(c.width) for t in pair)
+        held = sum(cache.nbytes() for cache in caches)
         self.stats.peak_cache_bytes = max(self.stats.peak_cache_bytes, held)
         self.stats.peak_rss_bytes = max(self.stats.peak_rss_bytes, resident_memory_bytes(self.device))
 
