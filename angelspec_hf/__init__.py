@@ -1,11 +1,12 @@
 """angelspec_hf: AngelSpec speculative decoding as Hugging Face models.
 
 Importing the package registers the drafters with the transformers Auto classes and routes
-`target.generate(input_ids, assistant_model=drafter)` to the AngelSpec candidate generator.
+`target.generate(input_ids, assistant_model=drafter)` to the AngelSpec candidate generator (a batch of sequences to the
+batched engine).
 """
 
 from .generation import install as _install_generation
-from .generation import speculative_generate
+from .generation import Request, RequestOutput, SpeculativeEngine, speculative_generate
 from .metrics import SpeculationStats
 from .models import AngelSpecMTPConfig, AngelSpecMTPDrafter, DFlyConfig, DFlyDrafter
 from .targets import load_target, tokenizer_fingerprint
@@ -19,7 +20,10 @@ __all__ = [
     "AngelSpecMTPDrafter",
     "DFlyConfig",
     "DFlyDrafter",
+    "Request",
+    "RequestOutput",
     "SpeculationStats",
+    "SpeculativeEngine",
     "load_target",
     "speculative_generate",
     "tokenizer_fingerprint",

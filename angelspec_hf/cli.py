@@ -1,5 +1,6 @@
 """`angelspec` command line: `demo`, `regenerate` training responses, `bench` drafters against plain decoding (one
-sequence at a time, or batched with `--concurrency`), `profile` the verify cost D-cut plans with."""
+sequence at a time, or batched with `--concurrency`), `batch` serves a prompt set through the batched engine,
+`profile` the verify cost D-cut plans with."""
 
 from __future__ import annotations
 
@@ -81,6 +82,43 @@ def _profile(args: argparse.Namespace) -> None:
         print(f"{batch:>13} " + " ".join(f"{1000 * s:>5.0f}ms" for s in line))
 
 
+def _batch(args: argparse.Namespace) -> None:
+    import json
+
+    from transformers import AutoModel
+
+    from .generation.engine import Request, SpeculativeEngine
+    from .prompts import encode_chat, load_prompts
+    from .targets import load_target
+
+    target = load_target(args.target)
+    drafter = None
+    if args.drafter:
+        drafter = AutoModel.from_pretrained(args.drafter).eval().bind_target(target.model, target.tokenizer)
+    rows = load_prompts(args.prompts, data_dir=args.data_dir, limit=args.limit)
+    sampling = {"do_sample": True, "temperature": args.temperature} if args.temperature > 0 else {}
+    requests = [
+        Request(encode_chat(target.tokenizer, row["prompt"]), max_new_tokens=args.max_new_tokens, seed=args.seed + i, request_id=i, **sampling)
+        for i, row in enumerate(rows)
+    ]
+    engine = SpeculativeEngine(target.model, drafter, policy=args.policy, max_batch_size=args.concurrency)
+    outputs = engine.generate(requests, progress=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    with open(args.output, "w") as handle:
+        for row, output in zip(rows, outputs):
+            record = {
+                "prompt": row["prompt"], "response": target.tokenizer.decode(output.output_ids, skip_special_tokens=True),
+                "new_tokens": len(output.output_ids), "finish_reason": output.finish_reason, "error": output.error,
+                "tau": output.stats.tau,
+            }
+            handle.write(json.dumps(record) + "\n")
+    stats = engine.stats
+    print(
+        f"{len(outputs)} requests, {stats.generated_tokens} tokens in {stats.seconds:.1f} s "
+        f"({stats.generated_tokens / stats.seconds:.1f} tokens/s, up to {stats.peak_rows} at once) -> {args.output}"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="angelspec", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -109,6 +147,20 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--repeats", type=int, default=5)
     profile.add_argument("--output", default=None, help="JSON file (default: the cache D-cut reads)")
     profile.set_defaults(func=_profile)
+
+    batch = commands.add_parser("batch", help="serve a prompt set through the batched engine, responses to JSONL")
+    batch.add_argument("--target", default="smollm2")
+    batch.add_argument("--drafter", default=None, help="drafter folder (none: batched autoregressive decoding)")
+    batch.add_argument("--prompts", default="mt_bench", help="prompt set name, mixture (a+b) or JSONL file")
+    batch.add_argument("--data-dir", default=None)
+    batch.add_argument("--limit", type=int, default=None)
+    batch.add_argument("--concurrency", type=int, default=16, help="most requests decoded together")
+    batch.add_argument("--policy", default="dcut", help="dcut or fixed-K")
+    batch.add_argument("--max-new-tokens", type=int, default=128)
+    batch.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampling")
+    batch.add_argument("--seed", type=int, default=0)
+    batch.add_argument("--output", required=True, help="JSONL of responses")
+    batch.set_defaults(func=_batch)
 
     from .benchmark.bench import add_arguments
 

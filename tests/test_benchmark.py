@@ -99,3 +99,21 @@ def test_profile_command_writes_a_cost_model(smollm2_tokenizer, tmp_path, capsys
     model = VerifyCostModel.load(str(tmp_path / "cost.json"))
     assert model.rows == [1, 3] and all(s > 0 for line in model.seconds for s in line)
     assert "rows \\ tokens" in capsys.readouterr().out
+
+
+def test_batch_command_serves_a_prompt_file(smollm2_tokenizer, tmp_path, capsys):
+    target = make_target("llama", vocab_size=len(smollm2_tokenizer), dtype=torch.float32, seed=6, eos_token_id=2, pad_token_id=2)
+    target.save_pretrained(tmp_path / "target")
+    smollm2_tokenizer.save_pretrained(tmp_path / "target")
+    AngelSpecMTPDrafter.from_target(target, smollm2_tokenizer, num_depths=2).save_pretrained(tmp_path / "mtp")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Tell me about {n}."}) + "\n" for n in range(5)))
+    output = tmp_path / "out.jsonl"
+    cli_main([
+        "batch", "--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "mtp"), "--prompts", str(prompts),
+        "--concurrency", "2", "--policy", "fixed-2", "--max-new-tokens", "7", "--output", str(output),
+    ])
+    records = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [r["prompt"] for r in records] == [f"Tell me about {n}." for n in range(5)]
+    assert all(r["finish_reason"] in ("eos", "length") and 0 < r["new_tokens"] <= 7 for r in records)
+    assert "5 requests" in capsys.readouterr().out

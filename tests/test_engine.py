@@ -1,5 +1,6 @@
 """The batched engine: every request's output equals its own solo `generate()`, whatever shares the batch."""
 
+import os
 import random
 
 import pytest
@@ -214,3 +215,18 @@ def test_generate_with_a_batch_refuses_what_it_cannot_reproduce():
     batch = torch.tensor([[1, 2, 3], [4, 5, 6]])
     with pytest.raises(ValueError, match="RepetitionPenaltyLogitsProcessor"):
         target.generate(batch, max_new_tokens=5, repetition_penalty=1.3, assistant_model=drafter)
+
+
+def test_engine_with_a_corrupt_cost_profile_reprofiles_over_its_batch_sizes_with_a_warning():
+    from angelspec_hf.generation import dcut
+
+    target = make_target("llama", num_hidden_layers=2, dtype=torch.float32, seed=21)
+    path = dcut.cost_model_path(target)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as handle:
+        handle.write("{corrupt")
+    dcut._LOADED.clear()
+    with pytest.warns(UserWarning, match="unreadable"):
+        engine = SpeculativeEngine(target, make_drafter("mtp", target, oracle=False), max_batch_size=6)
+    assert engine.verify_seconds.rows == [1, 2, 4, 6]
+    assert dcut.VerifyCostModel.load(path).rows == [1, 2, 4, 6]

@@ -219,11 +219,12 @@ def test_stop_strings_and_streamer_behave_as_plain_generate(smollm2_tokenizer):
     assert "".join(streamer) == tokenizer.decode(output[0, prompt.shape[1] :])
 
 
-def test_batch_of_several_sequences_is_refused_with_guidance():
+def test_a_batch_with_another_assistant_is_left_to_transformers():
+    """Only AngelSpec drafters take the batched path (tests/test_engine.py); transformers' own assistants still get
+    transformers' batch-size-1 rule."""
     target = make_target("llama")
-    drafter = AngelSpecMTPDrafter.from_target(target)
-    with pytest.raises(ValueError, match="one sequence at a time"):
-        target.generate(torch.ones(2, 4, dtype=torch.long), max_new_tokens=3, assistant_model=drafter)
+    with pytest.raises(ValueError, match="batch_size = 1"):
+        target.generate(torch.ones(2, 4, dtype=torch.long), max_new_tokens=3, prompt_lookup_num_tokens=2)
 
 
 def test_prompt_longer_than_the_context_is_refused():

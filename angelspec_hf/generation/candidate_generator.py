@@ -39,8 +39,8 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
     def __init__(self, target, drafter, generation_config, input_ids: torch.LongTensor, tokenizer=None):
         if input_ids.shape[0] != 1:
             raise ValueError(
-                f"generate(assistant_model=<AngelSpec drafter>) decodes one sequence at a time, got a batch of "
-                f"{input_ids.shape[0]}: call generate() once per sequence."
+                f"AngelSpecCandidateGenerator decodes one sequence, got a batch of {input_ids.shape[0]}: batches run "
+                "on angelspec_hf.SpeculativeEngine (generate() routes them there after `import angelspec_hf`)."
             )
         if input_ids.shape[1] == 0:
             raise ValueError("Empty prompt: speculative decoding needs at least one input token.")
