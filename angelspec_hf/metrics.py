@@ -3,11 +3,17 @@
 τ (mean acceptance length) is tokens produced per target forward, the bonus token included, so plain decoding has
 τ = 1. Acceptance at depth k is the rate at which the k-th draft token is accepted when it was drafted and every
 earlier one was accepted (the per-position acceptance of EAGLE and Spec-Bench).
+
+`SpeculationStats` records rounds as they happen; `SpeculativeAcceptance` is the same computation as an `evaluate`
+metric (one example per round), for code that collects predictions the `evaluate` way.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import datasets
+import evaluate
 
 
 @dataclass
@@ -61,4 +67,37 @@ class SpeculationStats:
             "target_forwards": self.target_forwards,
             "tokens": self.tokens,
             "draft_seconds": self.draft_seconds,
+        }
+
+
+class SpeculativeAcceptance(evaluate.Metric):
+    """`evaluate` metric of speculative decoding: each example is one round, `drafted` tokens verified of which
+    the first `accepted` were accepted. Returns τ, acceptance by draft position, target forwards and tokens.
+
+    >>> result = SpeculativeAcceptance().compute(drafted=[3, 3, 2], accepted=[3, 1, 0])
+    >>> round(result["tau"], 2), result["acceptance_by_depth"]
+    (2.33, [0.6666666666666666, 0.5, 1.0])
+    """
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("keep_in_memory", True)
+        super().__init__(**kwargs)
+
+    def _info(self) -> evaluate.MetricInfo:
+        return evaluate.MetricInfo(
+            description="Mean acceptance length τ and per-position acceptance of speculative decoding rounds.",
+            citation="",
+            inputs_description="drafted: tokens verified in the round; accepted: how many of them were accepted.",
+            features=datasets.Features({"drafted": datasets.Value("int32"), "accepted": datasets.Value("int32")}),
+        )
+
+    def _compute(self, drafted, accepted) -> dict:
+        if any(a > d or a < 0 for d, a in zip(drafted, accepted)):
+            raise ValueError("Each round needs 0 <= accepted <= drafted")
+        stats = SpeculationStats(list(drafted), list(accepted))
+        return {
+            "tau": stats.tau,
+            "acceptance_by_depth": stats.acceptance_by_depth(),
+            "target_forwards": stats.target_forwards,
+            "tokens": stats.tokens,
         }

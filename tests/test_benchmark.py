@@ -21,23 +21,32 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
         target, smollm2_tokenizer, block_size=4, num_draft_layers=1, mask_token_id=0, per_layer_context_mix=False,
         ar_head=False,
     ).save_pretrained(tmp_path / "dflash")
+    # A drafter trained for another target: reported as failed, the rest of the benchmark runs.
+    other = make_target("llama", vocab_size=len(smollm2_tokenizer), dtype=torch.float32, hidden_size=32, head_dim=8)
+    AngelSpecMTPDrafter.from_target(other, smollm2_tokenizer, num_depths=2).save_pretrained(tmp_path / "foreign")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "Say hello."}) + "\n" + json.dumps({"turns": ["Name a colour.", "Why?"]}) + "\n")
     output = tmp_path / "results.json"
     cli_main([
         "bench", "--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"),
-        "--drafter", f"{tmp_path / 'dflash'}@fixed-2,dcut,heuristic", "--prompts", str(prompts),
+        "--drafter", f"{tmp_path / 'dflash'}@fixed-2,dcut,heuristic", "--drafter", str(tmp_path / "foreign"),
+        "--prompts", str(prompts), "--prompt-lookup", "3",
         "--max-new-tokens", "12", "--full-vocab-variant", "--schedules", "dcut,fixed-2,heuristic", "--markdown",
         "--output", str(output),
     ])
     results = json.loads(output.read_text())
     by_name = {method["name"]: method for method in results["methods"]}
     assert list(by_name) == [
-        "ar", "mtp:drafter[dcut]", "mtp:drafter[fixed-2]", "mtp:drafter[heuristic]", "mtp:drafter+full-vocab-head[dcut]",
-        "dflash:dflash[fixed-2]", "dflash:dflash[dcut]", "dflash:dflash[heuristic]", "transformers-dflash:dflash",
+        "ar", "prompt-lookup[3]", "mtp:drafter[dcut]", "mtp:drafter[fixed-2]", "mtp:drafter[heuristic]",
+        "mtp:drafter+full-vocab-head[dcut]", "dflash:dflash[fixed-2]", "dflash:dflash[dcut]", "dflash:dflash[heuristic]",
+        "transformers-dflash:dflash", "foreign",
     ]
+    foreign = by_name.pop("foreign")
+    assert foreign["failed"] and "hidden_size" in foreign["error"]
+    results["methods"] = [m for m in results["methods"] if m["name"] != "foreign"]
     assert results["num_prompts"] == 2 and results["methods"][0]["tau"] == 1.0
     for method in results["methods"]:
+        assert method["peak_rss_mib"] > 0
         for key in ("tau", "tokens_per_s", "speedup", "identical_fraction"):
             assert math.isfinite(method[key]), (method["name"], key)
         assert isinstance(method["acceptance_by_depth"], list)
@@ -57,6 +66,7 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
     assert len(calibration) == 10 and "calibration" not in by_name["mtp:drafter[fixed-2]"]
     printed = capsys.readouterr().out
     assert "mtp:drafter[dcut]" in printed and "| transformers-dflash:dflash |" in printed
+    assert "foreign" in printed and "FAILED" in printed
 
 
 def test_engine_bench_reports_every_policy_at_every_concurrency(smollm2_tokenizer, tmp_path, capsys):

@@ -21,7 +21,8 @@ import transformers
 from tqdm.auto import tqdm
 
 from ..generation.dcut import load_cost_model
-from ..metrics import SpeculationStats
+from ..generation.engine import resident_memory_bytes
+from ..metrics import SpeculationStats, SpeculativeAcceptance
 from ..prompts import encode_chat, load_prompts
 
 NEAR_TIE_GAP = 1e-3
@@ -53,6 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "batched AR vs each drafter with each policy (dcut, fixed-K) at each concurrency",
     )
     parser.add_argument("--min-requests", type=int, default=8, help="engine benchmark: requests per concurrency at least")
+    parser.add_argument(
+        "--prompt-lookup", type=int, default=0,
+        help="also run transformers' prompt lookup decoding with this many tokens per round (0: off)",
+    )
     parser.add_argument("--output", default=None, help="write results as JSON here")
     parser.add_argument("--markdown", action="store_true", help="also print the results as a Markdown table")
 
@@ -66,6 +71,7 @@ class Method:
     generate_kwargs: dict = field(default_factory=dict)
     drafter: torch.nn.Module | None = None
     drafter_settings: dict = field(default_factory=dict)
+    error: str | None = None  # set when the method could not even be set up (e.g. a drafter for another target)
 
     def apply_settings(self) -> None:
         for key, value in self.drafter_settings.items():
@@ -96,14 +102,18 @@ class MethodResult:
     divergences: int = 0
     near_tie_divergences: int = 0
     prompts: int = 0
+    peak_rss_bytes: int = 0
+    error: str | None = None
     stats: SpeculationStats = field(default_factory=SpeculationStats)
 
     def to_dict(self, ar_tokens_per_s: float) -> dict:
+        if self.error is not None:
+            return {"name": self.name, "failed": True, "error": self.error}
         tokens_per_s = self.new_tokens / self.seconds if self.seconds else 0.0
         return {
             "name": self.name,
             "tau": self.new_tokens / self.target_forwards if self.target_forwards else 0.0,
-            "acceptance_by_depth": self.stats.acceptance_by_depth(),
+            "acceptance_by_depth": self.acceptance_by_depth(),
             "tokens_per_s": tokens_per_s,
             "speedup": tokens_per_s / ar_tokens_per_s if ar_tokens_per_s else 0.0,
             "identical_fraction": self.identical / self.prompts if self.prompts else 0.0,
@@ -116,8 +126,12 @@ class MethodResult:
             "target_forwards": self.target_forwards,
             "seconds": self.seconds,
             "prompts": self.prompts,
+            "peak_rss_mib": self.peak_rss_bytes / 2**20,
         }
 
+
+    def acceptance_by_depth(self) -> list[float]:
+        return SpeculativeAcceptance().compute(drafted=self.stats.drafted, accepted=self.stats.accepted)["acceptance_by_depth"]
 
     def time_split(self) -> dict[str, float]:
         """Share of wall time in drafting (by phase where the drafter reports phases), target forwards, the rest."""
@@ -162,14 +176,15 @@ def top2_gap(target, sequence: torch.Tensor, position: int) -> float:
 
 class TargetForwardMeter:
     """Counts and times target forwards with hooks, for any method (built-in ones too): τ = new tokens / forwards,
-    and the verify share of a round."""
+    the verify share of a round, and the peak memory in use at the end of a forward."""
 
     def __init__(self, target):
-        self.count, self.seconds, self._start = 0, 0.0, 0.0
+        self.device = target.device
+        self.count, self.seconds, self._start, self.peak_bytes = 0, 0.0, 0.0, 0
         self.handles = [target.register_forward_pre_hook(self._before), target.register_forward_hook(self._after)]
 
     def reset(self) -> None:
-        self.count, self.seconds = 0, 0.0
+        self.count, self.seconds, self.peak_bytes = 0, 0.0, 0
 
     def _before(self, *args):
         self._start = time.perf_counter()
@@ -177,6 +192,7 @@ class TargetForwardMeter:
     def _after(self, *args):
         self.count += 1
         self.seconds += time.perf_counter() - self._start
+        self.peak_bytes = max(self.peak_bytes, resident_memory_bytes(self.device))  # at the forward's peak: outputs held
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -187,25 +203,29 @@ def run_benchmark(target, tokenizer, methods: list[Method], prompts: list[str], 
     """Run AR and every method on `prompts`, back to back per prompt; return the JSON-ready results."""
     encoded = [torch.tensor([encode_chat(tokenizer, prompt)]) for prompt in prompts]
     methods = [Method("ar")] + methods
-    results = {method.name: MethodResult(method.name) for method in methods}
+    results = {method.name: MethodResult(method.name, error=method.error) for method in methods}
     meter = TargetForwardMeter(target)
     stop = {"max_new_tokens": max_new_tokens, "min_new_tokens": 0, "do_sample": False}
     try:
         if encoded:  # warm-up: first calls pay for allocations and kernel selection
             for method in methods:
-                method.apply_settings()
-                target.generate(encoded[0], max_new_tokens=4, do_sample=False, **method.generate_kwargs)
+                if method.error is None:
+                    _guarded(results[method.name], lambda: _run_method(target, method, encoded[0], {"max_new_tokens": 4, "do_sample": False}))
         for input_ids in tqdm(encoded, desc="bench", unit="prompt"):
             reference = None
             for method in methods:
                 result = results[method.name]
-                method.apply_settings()
+                if result.error is not None:
+                    continue
                 meter.reset()
                 start = time.perf_counter()
-                output = target.generate(input_ids, **stop, **method.generate_kwargs)
+                output = _guarded(result, lambda: _run_method(target, method, input_ids, stop))
+                if output is None:
+                    continue
                 result.seconds += time.perf_counter() - start
                 result.target_forwards += meter.count
                 result.target_seconds += meter.seconds
+                result.peak_rss_bytes = max(result.peak_rss_bytes, meter.peak_bytes)
                 result.new_tokens += output.shape[1] - input_ids.shape[1]
                 result.prompts += 1
                 if method.drafter is not None:
@@ -226,12 +246,29 @@ def run_benchmark(target, tokenizer, methods: list[Method], prompts: list[str], 
     }
     # What D-cut decided with: this machine's verify-cost profile and each adaptive method's calibration.
     adaptive = [(entry, method) for entry, method in zip(report["methods"], methods)
-                if method.drafter_settings.get("num_assistant_tokens_schedule") == "dcut"]
+                if method.drafter_settings.get("num_assistant_tokens_schedule") == "dcut" and not entry.get("failed")]
     if adaptive:
         report["verify_cost"] = dataclasses.asdict(load_cost_model(target))
     for entry, method in adaptive:
         entry["calibration"] = method.drafter.dcut_calibrator.table()
     return report
+
+
+def _run_method(target, method: Method, input_ids: torch.Tensor, generate_kwargs: dict) -> torch.Tensor:
+    method.apply_settings()
+    return target.generate(input_ids, **generate_kwargs, **method.generate_kwargs)
+
+
+def _guarded(result: MethodResult, run):
+    """Run one generation of a method; a method that raises is marked failed with its error (and skipped from then
+    on) while the other methods carry on. AR, the baseline, is not guarded."""
+    if result.name == "ar":
+        return run()
+    try:
+        return run()
+    except Exception as error:  # any failure of one method must not end the benchmark of the others
+        result.error = f"{type(error).__name__}: {error}"
+        return None
 
 
 def _compare(result: MethodResult, output: torch.Tensor, reference: torch.Tensor, target) -> None:
@@ -262,6 +299,9 @@ def format_table(results: dict) -> str:
     header = f"{'method':<40} {'tau':>6} {'tok/s':>8} {'speedup':>8} {'identical':>9} {'draft%':>7}  acceptance by depth"
     lines = [header, "-" * len(header)]
     for method in results["methods"]:
+        if method.get("failed"):
+            lines.append(f"{method['name']:<40} FAILED: {method['error']}")
+            continue
         depths = " ".join(f"{rate:.2f}" for rate in method["acceptance_by_depth"])
         lines.append(
             f"{method['name']:<40} {method['tau']:>6.2f} {method['tokens_per_s']:>8.2f} {method['speedup']:>7.2f}x "
@@ -277,6 +317,9 @@ def markdown_table(results: dict) -> str:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for method in results["methods"]:
+        if method.get("failed"):
+            lines.append(f"| {method['name']} | failed: {method['error']} | | | | | |")
+            continue
         depths = ", ".join(f"{rate:.2f}" for rate in method["acceptance_by_depth"]) or "—"
         lines.append(
             f"| {method['name']} | {method['tau']:.2f} | {method['tokens_per_s']:.1f} | {method['speedup']:.2f}× | "
@@ -285,18 +328,34 @@ def markdown_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def main(args: argparse.Namespace) -> dict:
+def prompt_lookup_method(num_tokens: int) -> Method:
+    """transformers' prompt lookup decoding: drafts copied from n-gram matches in the prompt, no drafter model."""
+    return Method(f"prompt-lookup[{num_tokens}]", {"prompt_lookup_num_tokens": num_tokens})
+
+
+def load_drafter(path: str, target):
+    """A drafter folder loaded and bound to `target` (ValueError naming the mismatch if it belongs elsewhere)."""
     from transformers import AutoModel
 
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"Drafter folder not found: {path}")
+    return AutoModel.from_pretrained(path).eval().bind_target(target.model, target.tokenizer)
+
+
+def main(args: argparse.Namespace) -> dict:
     from ..targets import load_target
 
     target = load_target(args.target)
     methods, engine_drafters = [], []
+    if args.prompt_lookup:
+        methods.append(prompt_lookup_method(args.prompt_lookup))
     for spec in args.drafter:
         path, _, own_schedules = spec.partition("@")
-        if not os.path.isdir(path):
-            raise FileNotFoundError(f"Drafter folder not found: {path}")
-        drafter = AutoModel.from_pretrained(path).eval().bind_target(target.model, target.tokenizer)
+        try:
+            drafter = load_drafter(path, target)
+        except (OSError, ValueError) as error:  # reported as a failed method; the others still run
+            methods.append(Method(os.path.basename(os.path.normpath(path)), error=f"{type(error).__name__}: {error}"))
+            continue
         if args.num_draft_tokens is not None:
             drafter.generation_config.num_assistant_tokens = args.num_draft_tokens
         schedules = tuple(schedule.strip() for schedule in (own_schedules or args.schedules).split(",") if schedule.strip())

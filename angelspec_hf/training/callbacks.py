@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import TrainerCallback
 
-from ..metrics import SpeculationStats
+from ..metrics import SpeculationStats, SpeculativeAcceptance
 
 
 @torch.no_grad()
@@ -41,8 +41,9 @@ class AcceptanceCallback(TrainerCallback):
         if not state.is_world_process_zero or not self.prompts:
             return
         stats = measure_acceptance(self.target, model, self.prompts, self.max_new_tokens)
-        metrics = {"accept/tau": stats.tau}
-        metrics.update({f"accept/depth_{k + 1}": rate for k, rate in enumerate(stats.acceptance_by_depth())})
+        result = SpeculativeAcceptance().compute(drafted=stats.drafted, accepted=stats.accepted)
+        metrics = {"accept/tau": result["tau"]}
+        metrics.update({f"accept/depth_{k + 1}": rate for k, rate in enumerate(result["acceptance_by_depth"])})
         self._pending.update(metrics)
         self.history.append({"step": state.global_step, **metrics})
 
