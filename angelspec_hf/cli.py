@@ -162,6 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--output", required=True, help="JSONL of responses")
     batch.set_defaults(func=_batch)
 
+    from .benchmark import suite
+
+    suite_parser = commands.add_parser("suite", help="every method on every domain, plus the batched engine: JSON, Markdown, plots")
+    suite.add_arguments(suite_parser)
+    suite_parser.set_defaults(func=lambda args: suite.main(args))
+
     from .benchmark.bench import add_arguments
 
     bench = commands.add_parser("bench", help="speculative vs plain decoding on a prompt set")

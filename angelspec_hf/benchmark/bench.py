@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import platform
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -199,8 +200,11 @@ class TargetForwardMeter:
             handle.remove()
 
 
-def run_benchmark(target, tokenizer, methods: list[Method], prompts: list[str], max_new_tokens: int) -> dict:
-    """Run AR and every method on `prompts`, back to back per prompt; return the JSON-ready results."""
+def run_benchmark(
+    target, tokenizer, methods: list[Method], prompts: list[str], max_new_tokens: int, repeats: int = 1
+) -> dict:
+    """Run AR and every method on `prompts`, back to back per prompt; return the JSON-ready results. With
+    `repeats` > 1 each generation is timed that many times and the median time counts."""
     encoded = [torch.tensor([encode_chat(tokenizer, prompt)]) for prompt in prompts]
     methods = [Method("ar")] + methods
     results = {method.name: MethodResult(method.name, error=method.error) for method in methods}
@@ -217,12 +221,15 @@ def run_benchmark(target, tokenizer, methods: list[Method], prompts: list[str], 
                 result = results[method.name]
                 if result.error is not None:
                     continue
-                meter.reset()
-                start = time.perf_counter()
-                output = _guarded(result, lambda: _run_method(target, method, input_ids, stop))
+                timings = []
+                for _ in range(repeats):
+                    meter.reset()
+                    start = time.perf_counter()
+                    output = _guarded(result, lambda: _run_method(target, method, input_ids, stop))
+                    timings.append(time.perf_counter() - start)
                 if output is None:
                     continue
-                result.seconds += time.perf_counter() - start
+                result.seconds += statistics.median(timings)
                 result.target_forwards += meter.count
                 result.target_seconds += meter.seconds
                 result.peak_rss_bytes = max(result.peak_rss_bytes, meter.peak_bytes)
@@ -241,6 +248,7 @@ def run_benchmark(target, tokenizer, methods: list[Method], prompts: list[str], 
         "machine": machine_state(),
         "target": getattr(target.config, "name_or_path", None),
         "max_new_tokens": max_new_tokens,
+        "repeats": repeats,
         "num_prompts": len(prompts),
         "methods": [result.to_dict(ar_tokens_per_s) for result in results.values()],
     }

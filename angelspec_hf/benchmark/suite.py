@@ -1,0 +1,256 @@
+"""`angelspec suite`: every method side by side, per domain, in one run; JSON, Markdown, PNG plots, BENCHMARKS.md.
+
+Domains: Spec-Bench's six categories (its multi-turn category is MT-bench's 80 questions; first turns are used),
+GSM8K test and MBPP test, prompts spread evenly over each domain. Methods through `generate()`: AR (the baseline of
+every ratio), transformers' prompt lookup decoding, transformers' built-in DFlash generator on our DFlash-ablation
+checkpoint, and each shipped drafter with D-cut (MTP with and without TTT, DFlash, DFly). Then the batched engine:
+batched AR vs MTP and DFly at fixed depths and with D-cut, over concurrencies, on the chat+math+code mix. A method
+that fails (for example a drafter for another target) is reported with its error; the rest of the suite runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from dataclasses import dataclass
+
+from .bench import Method, drafter_methods, load_drafter, machine_state, markdown_table, prompt_lookup_method, run_benchmark
+from .engine_bench import format_engine_table, run_engine_benchmark
+
+SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+MT_BENCH_SUBCATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+DRAFTER_CARDS = {  # method kind -> model card folder (under --drafters-dir)
+    "mtp": "smollm2-135m-instruct-mtp",
+    "mtp-no-ttt": "smollm2-135m-instruct-mtp-no-ttt",
+    "dflash": "smollm2-135m-instruct-dflash",
+    "dfly": "smollm2-135m-instruct-dfly",
+}
+
+
+@dataclass(frozen=True)
+class SuiteSize:
+    prompts_per_domain: int
+    max_new_tokens: int
+    concurrencies: tuple[int, ...]
+    engine_max_new_tokens: int
+    engine_policies: dict
+    repeats: int
+
+
+QUICK = SuiteSize(1, 24, (1, 4), 12, {"mtp": ("fixed-2", "dcut"), "dfly": ("fixed-4", "dcut")}, 1)
+FULL = SuiteSize(
+    3, 96, (1, 4, 16), 48,
+    {"mtp": ("fixed-1", "fixed-2", "fixed-3", "dcut"), "dfly": ("fixed-1", "fixed-2", "fixed-4", "fixed-8", "dcut")}, 1,
+)
+
+
+def domain_prompts(per_domain: int, data_dir: str | None = None) -> dict[str, list[str]]:
+    """`per_domain` prompts of each domain, evenly spaced over it (so MT-bench's eight subcategories all appear)."""
+    from ..prompts import load_prompts
+
+    spec = load_prompts("spec_bench", data_dir=data_dir)
+    by_category: dict[str, list[str]] = {}
+    for prompt, category in zip(spec["prompt"], spec["category"]):
+        by_category.setdefault("mt_bench" if category in MT_BENCH_SUBCATEGORIES else category, []).append(prompt)
+    by_category["gsm8k"] = load_prompts("gsm8k_test", data_dir=data_dir)["prompt"]
+    by_category["mbpp"] = load_prompts("mbpp_test", data_dir=data_dir)["prompt"]
+    chosen = {}
+    for domain in SPEC_BENCH_CATEGORIES + ("gsm8k", "mbpp"):
+        prompts = by_category.get(domain, [])
+        step = max(1, len(prompts) // per_domain)
+        chosen[domain] = prompts[::step][:per_domain]
+    return chosen
+
+
+def suite_methods(target, drafters_dir: str) -> tuple[list[Method], dict]:
+    """The generate() methods (each drafter with D-cut) and the loaded drafters by kind; a drafter that cannot be
+    loaded becomes a failed method."""
+    methods, loaded = [prompt_lookup_method(3)], {}
+    for kind, card in DRAFTER_CARDS.items():
+        path = os.path.join(drafters_dir, card)
+        try:
+            drafter = load_drafter(path, target)
+        except (OSError, ValueError) as error:
+            methods.append(Method(f"{kind}:{card}", error=f"{type(error).__name__}: {error}"))
+            continue
+        loaded[kind] = drafter
+        methods += drafter_methods(card, drafter, schedules=("dcut",))
+    return methods, loaded
+
+
+def run_suite(target, size: SuiteSize, drafters_dir: str, data_dir: str | None = None) -> dict:
+    """Run the whole suite; returns the JSON-ready report."""
+    methods, loaded = suite_methods(target, drafters_dir)
+    domains = {}
+    for domain, prompts in domain_prompts(size.prompts_per_domain, data_dir).items():
+        domains[domain] = run_benchmark(target.model, target.tokenizer, methods, prompts, size.max_new_tokens, repeats=size.repeats)
+    engine_drafters = [
+        (kind, loaded[kind], size.engine_policies[kind]) for kind in ("mtp", "dfly") if kind in loaded
+    ]
+    from ..prompts import load_prompts
+
+    mixed = load_prompts("mixed", data_dir=data_dir, limit=max(max(size.concurrencies), 8))["prompt"]
+    engine = run_engine_benchmark(
+        target.model, target.tokenizer, engine_drafters, mixed, list(size.concurrencies), size.engine_max_new_tokens
+    )
+    return {
+        "machine": machine_state(),
+        "size": {key: (list(value) if isinstance(value, tuple) else value) for key, value in size.__dict__.items()},
+        "domains": domains,
+        "summary": summarize_domains(domains),
+        "engine": engine,
+    }
+
+
+def summarize_domains(domains: dict) -> dict:
+    """Per method: speedup and τ per domain, and their medians over domains."""
+    summary: dict[str, dict] = {}
+    for domain, report in domains.items():
+        for method in report["methods"]:
+            entry = summary.setdefault(method["name"], {"speedup": {}, "tau": {}, "error": None})
+            if method.get("failed"):
+                entry["error"] = method["error"]
+                continue
+            entry["speedup"][domain] = method["speedup"]
+            entry["tau"][domain] = method["tau"]
+    for entry in summary.values():
+        for key in ("speedup", "tau"):
+            values = list(entry[key].values())
+            entry[f"median_{key}"] = statistics.median(values) if values else None
+    return summary
+
+
+def summary_table(report: dict) -> str:
+    domains = list(report["domains"])
+    lines = [
+        "| method | " + " | ".join(domains) + " | median |",
+        "| --- | " + " | ".join("---" for _ in domains) + " | --- |",
+    ]
+    for name, entry in report["summary"].items():
+        if entry["error"] is not None and not entry["speedup"]:
+            lines.append(f"| {name} | failed: {entry['error']} |" + " |" * len(domains))
+            continue
+        cells = [f"{entry['speedup'][d]:.2f}× (τ {entry['tau'][d]:.2f})" if d in entry["speedup"] else "—" for d in domains]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {entry['median_speedup']:.2f}× |")
+    return "\n".join(lines)
+
+
+def write_plots(report: dict, directory: str) -> list[str]:
+    """PNG plots: speedup per domain per method, acceptance by position, engine throughput vs concurrency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    domains = list(report["domains"])
+    methods = [name for name, entry in report["summary"].items() if entry["speedup"] and name != "ar"]
+    figure, axis = plt.subplots(figsize=(12, 4.5))
+    width = 0.8 / max(1, len(methods))
+    for index, name in enumerate(methods):
+        values = [report["summary"][name]["speedup"].get(domain, 0.0) for domain in domains]
+        axis.bar([d + index * width for d in range(len(domains))], values, width, label=name)
+    axis.axhline(1.0, color="black", linewidth=0.8)
+    axis.set_xticks([d + 0.4 - width / 2 for d in range(len(domains))], domains)
+    axis.set_ylabel("speedup vs AR")
+    axis.set_title("Speedup per domain (greedy, outputs identical to AR)")
+    axis.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    paths.append(_save(figure, directory, "speedup_by_domain.png"))
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    pooled: dict[str, list[float]] = {}
+    for report_domain in report["domains"].values():
+        for method in report_domain["methods"]:
+            if not method.get("failed") and method.get("acceptance_by_depth"):
+                pooled.setdefault(method["name"], []).append(method["acceptance_by_depth"])
+    for name, curves in pooled.items():
+        length = max(map(len, curves))
+        mean = [statistics.mean([c[k] for c in curves if len(c) > k]) for k in range(length)]
+        axis.plot(range(1, length + 1), mean, marker="o", label=name)
+    axis.set_xlabel("draft position")
+    axis.set_ylabel("acceptance (given the earlier ones accepted)")
+    axis.set_title("Acceptance by position, mean over domains")
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    paths.append(_save(figure, directory, "acceptance_by_position.png"))
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    series: dict[str, list[tuple[int, float]]] = {}
+    for level in report["engine"]["concurrency"]:
+        for run in level["runs"]:
+            series.setdefault(run["name"], []).append((level["concurrency"], run["tokens_per_s"]))
+    for name, points in series.items():
+        axis.plot(*zip(*points), marker="o", label=name, linewidth=2.5 if name == "batched-ar" else 1.2)
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("concurrent requests")
+    axis.set_ylabel("output tokens/s")
+    axis.set_title("Batched engine: throughput vs concurrency")
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    paths.append(_save(figure, directory, "throughput_vs_concurrency.png"))
+    return paths
+
+
+def _save(figure, directory: str, name: str) -> str:
+    import matplotlib.pyplot as plt
+
+    path = os.path.join(directory, name)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def markdown_report(report: dict, plots: list[str], relative_to: str, command: str | None) -> str:
+    """BENCHMARKS.md: the command, the machine, the summary table, the plots, the per-domain and engine tables."""
+    machine = report["machine"]
+    size = report["size"]
+    parts = [
+        "# Benchmarks",
+        "",
+        f"Latest suite run, reproduced with `{command}`." if command else "Latest suite run.",
+        "",
+        f"Machine: {machine['cpu_count']} CPUs, {machine['threads']} torch threads, torch {machine['torch']}, "
+        f"transformers {machine['transformers']}. {size['prompts_per_domain']} prompts per domain, "
+        f"{size['max_new_tokens']} new tokens, greedy; every speculative output is checked against AR.",
+        "",
+        "## Speedup over AR per domain (τ in brackets)",
+        "",
+        summary_table(report),
+        "",
+    ]
+    parts += [f"![{os.path.basename(p)}]({os.path.relpath(p, relative_to)})" for p in plots]
+    for domain, result in report["domains"].items():
+        parts += ["", f"## {domain}", "", markdown_table(result)]
+    parts += ["", "## Batched engine (chat + math + code mix)", "", format_engine_table(report["engine"]), ""]
+    return "\n".join(parts)
+
+
+def main(args) -> dict:
+    from ..targets import load_target
+
+    size = QUICK if args.quick else FULL
+    target = load_target(args.target)
+    report = run_suite(target, size, args.drafters_dir, args.data_dir)
+    report["command"] = getattr(args, "command_line", None)
+    os.makedirs(args.output_dir, exist_ok=True)
+    with open(os.path.join(args.output_dir, "results.json"), "w") as handle:
+        json.dump(report, handle, indent=2)
+    plots = write_plots(report, args.output_dir)
+    markdown_path = args.benchmarks_md or os.path.join(args.output_dir, "RESULTS.md")
+    with open(markdown_path, "w") as handle:
+        handle.write(markdown_report(report, plots, os.path.dirname(os.path.abspath(markdown_path)), report["command"]))
+    print(summary_table(report))
+    print(f"\nresults: {args.output_dir}/results.json, report: {markdown_path}")
+    return report
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--target", default="smollm2")
+    parser.add_argument("--quick", action="store_true", help="a small slice (one prompt per domain, short outputs)")
+    parser.add_argument("--drafters-dir", default="model_cards", help="folder holding the drafter model cards")
+    parser.add_argument("--data-dir", default=None, help="local prompt folder (default ../shared/data)")
+    parser.add_argument("--output-dir", default="benchmarks/latest", help="results.json and the PNG plots")
+    parser.add_argument("--benchmarks-md", default=None, help="write the Markdown report here (e.g. BENCHMARKS.md)")
