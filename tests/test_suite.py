@@ -45,7 +45,7 @@ def test_quick_suite_runs_every_method_and_reports_a_failing_one(smollm2_tokeniz
     other = make_target("llama", vocab_size=len(smollm2_tokenizer), dtype=torch.float32, hidden_size=32, head_dim=8)
     AngelSpecMTPDrafter.from_target(other, smollm2_tokenizer, num_depths=2).save_pretrained(cards / suite.DRAFTER_CARDS["mtp-no-ttt"])
     write_tiny_data(tmp_path / "data")
-    monkeypatch.setattr(suite, "QUICK", suite.SuiteSize(1, 6, (1, 2), 4, {"mtp": ("fixed-1", "dcut"), "dfly": ("fixed-2", "dcut")}, 2))
+    monkeypatch.setattr(suite, "QUICK", suite.SuiteSize(1, 6, (1, 2), 4, {"mtp": ("fixed-1", "dcut"), "dfly": ("fixed-2", "dcut")}, 2, engine_requests=8))
     cli_main([
         "suite", "--quick", "--target", str(tmp_path / "target"), "--drafters-dir", str(cards), "--data-dir",
         str(tmp_path / "data"), "--output-dir", str(tmp_path / "out"), "--benchmarks-md", str(tmp_path / "BENCHMARKS.md"),

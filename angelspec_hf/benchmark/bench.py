@@ -201,7 +201,8 @@ class TargetForwardMeter:
 
 
 def run_benchmark(
-    target, tokenizer, methods: list[Method], prompts: list[str], max_new_tokens: int, repeats: int = 1
+    target, tokenizer, methods: list[Method], prompts: list[str], max_new_tokens: int, repeats: int = 1,
+    warm_up: bool = True,
 ) -> dict:
     """Run AR and every method on `prompts`, back to back per prompt; return the JSON-ready results. With
     `repeats` > 1 each generation is timed that many times and the median time counts."""
@@ -211,7 +212,7 @@ def run_benchmark(
     meter = TargetForwardMeter(target)
     stop = {"max_new_tokens": max_new_tokens, "min_new_tokens": 0, "do_sample": False}
     try:
-        if encoded:  # warm-up: first calls pay for allocations and kernel selection
+        if encoded and warm_up:  # first calls pay for allocations and kernel selection
             for method in methods:
                 if method.error is None:
                     _guarded(results[method.name], lambda: _run_method(target, method, encoded[0], {"max_new_tokens": 4, "do_sample": False}))

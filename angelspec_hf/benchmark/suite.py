@@ -36,17 +36,22 @@ class SuiteSize:
     engine_max_new_tokens: int
     engine_policies: dict
     repeats: int
+    shortest: bool = False  # the shortest prompts of each domain (a smoke run) instead of evenly spread ones
+    engine_requests: int = 8  # requests per concurrency at least
 
 
-QUICK = SuiteSize(1, 24, (1, 4), 12, {"mtp": ("fixed-2", "dcut"), "dfly": ("fixed-4", "dcut")}, 1)
+QUICK = SuiteSize(
+    1, 12, (1, 4), 8, {"mtp": ("fixed-2", "dcut"), "dfly": ("fixed-4", "dcut")}, 1, shortest=True, engine_requests=4
+)
 FULL = SuiteSize(
     3, 96, (1, 4, 16), 48,
     {"mtp": ("fixed-1", "fixed-2", "fixed-3", "dcut"), "dfly": ("fixed-1", "fixed-2", "fixed-4", "fixed-8", "dcut")}, 1,
 )
 
 
-def domain_prompts(per_domain: int, data_dir: str | None = None) -> dict[str, list[str]]:
-    """`per_domain` prompts of each domain, evenly spaced over it (so MT-bench's eight subcategories all appear)."""
+def domain_prompts(per_domain: int, data_dir: str | None = None, shortest: bool = False) -> dict[str, list[str]]:
+    """`per_domain` prompts of each domain, evenly spaced over it (so MT-bench's eight subcategories all appear),
+    or its shortest ones."""
     from ..prompts import load_prompts
 
     spec = load_prompts("spec_bench", data_dir=data_dir)
@@ -58,7 +63,9 @@ def domain_prompts(per_domain: int, data_dir: str | None = None) -> dict[str, li
     chosen = {}
     for domain in SPEC_BENCH_CATEGORIES + ("gsm8k", "mbpp"):
         prompts = by_category.get(domain, [])
-        step = max(1, len(prompts) // per_domain)
+        if shortest:
+            prompts = sorted(prompts, key=len)
+        step = 1 if shortest else max(1, len(prompts) // per_domain)
         chosen[domain] = prompts[::step][:per_domain]
     return chosen
 
@@ -83,16 +90,19 @@ def run_suite(target, size: SuiteSize, drafters_dir: str, data_dir: str | None =
     """Run the whole suite; returns the JSON-ready report."""
     methods, loaded = suite_methods(target, drafters_dir)
     domains = {}
-    for domain, prompts in domain_prompts(size.prompts_per_domain, data_dir).items():
-        domains[domain] = run_benchmark(target.model, target.tokenizer, methods, prompts, size.max_new_tokens, repeats=size.repeats)
+    for index, (domain, prompts) in enumerate(domain_prompts(size.prompts_per_domain, data_dir, size.shortest).items()):
+        domains[domain] = run_benchmark(
+            target.model, target.tokenizer, methods, prompts, size.max_new_tokens, repeats=size.repeats, warm_up=index == 0
+        )
     engine_drafters = [
         (kind, loaded[kind], size.engine_policies[kind]) for kind in ("mtp", "dfly") if kind in loaded
     ]
     from ..prompts import load_prompts
 
-    mixed = load_prompts("mixed", data_dir=data_dir, limit=max(max(size.concurrencies), 8))["prompt"]
+    mixed = load_prompts("mixed", data_dir=data_dir, limit=max(max(size.concurrencies), size.engine_requests))["prompt"]
     engine = run_engine_benchmark(
-        target.model, target.tokenizer, engine_drafters, mixed, list(size.concurrencies), size.engine_max_new_tokens
+        target.model, target.tokenizer, engine_drafters, mixed, list(size.concurrencies), size.engine_max_new_tokens,
+        min_requests=size.engine_requests,
     )
     return {
         "machine": machine_state(),
@@ -170,10 +180,13 @@ def write_plots(report: dict, directory: str) -> list[str]:
         length = max(map(len, curves))
         mean = [statistics.mean([c[k] for c in curves if len(c) > k]) for k in range(length)]
         axis.plot(range(1, length + 1), mean, marker="o", label=name)
+    if not pooled:
+        axis.text(0.5, 0.5, "no drafted token was verified", ha="center", transform=axis.transAxes)
     axis.set_xlabel("draft position")
     axis.set_ylabel("acceptance (given the earlier ones accepted)")
     axis.set_title("Acceptance by position, mean over domains")
-    axis.legend(fontsize=7)
+    if pooled:
+        axis.legend(fontsize=7)
     figure.tight_layout()
     paths.append(_save(figure, directory, "acceptance_by_position.png"))
 
