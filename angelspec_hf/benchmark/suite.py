@@ -10,6 +10,7 @@ that fails (for example a drafter for another target) is reported with its error
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -43,8 +44,8 @@ class SuiteSize:
 QUICK = SuiteSize(
     1, 12, (1, 4), 8, {"mtp": ("fixed-2", "dcut"), "dfly": ("fixed-4", "dcut")}, 1, shortest=True, engine_requests=4
 )
-FULL = SuiteSize(
-    3, 96, (1, 4, 16), 48,
+FULL = SuiteSize(  # sized to finish in well under an hour on one CPU thread
+    2, 64, (1, 4, 16), 32,
     {"mtp": ("fixed-1", "fixed-2", "fixed-3", "dcut"), "dfly": ("fixed-1", "fixed-2", "fixed-4", "fixed-8", "dcut")}, 1,
 )
 
@@ -245,6 +246,8 @@ def main(args) -> dict:
     from ..targets import load_target
 
     size = QUICK if args.quick else FULL
+    overrides = {"prompts_per_domain": args.prompts_per_domain, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats}
+    size = dataclasses.replace(size, **{key: value for key, value in overrides.items() if value is not None})
     target = load_target(args.target)
     report = run_suite(target, size, args.drafters_dir, args.data_dir)
     report["command"] = getattr(args, "command_line", None)
@@ -265,5 +268,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--quick", action="store_true", help="a small slice (one prompt per domain, short outputs)")
     parser.add_argument("--drafters-dir", default="model_cards", help="folder holding the drafter model cards")
     parser.add_argument("--data-dir", default=None, help="local prompt folder (default ../shared/data)")
+    parser.add_argument("--prompts-per-domain", type=int, default=None, help="override the size's prompts per domain")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="override the size's new tokens per prompt")
+    parser.add_argument("--repeats", type=int, default=None, help="time each generation this many times (median)")
     parser.add_argument("--output-dir", default="benchmarks/latest", help="results.json and the PNG plots")
     parser.add_argument("--benchmarks-md", default=None, help="write the Markdown report here (e.g. BENCHMARKS.md)")
