@@ -401,12 +401,18 @@ class SpeculativeEngine:
         )
         keep = torch.zeros(len(self.rows), width, dtype=torch.bool, device=self.device)
         verified_confidence, verified_accepted = [], []
+        greedy = out.logits.argmax(-1).tolist()  # the target's choice at every position, one call for all rows
         for r, row in enumerate(self.rows):
             depth = depths[r]
             q = None
             if row.request.do_sample and depth:
                 q = (self.drafter.to_target_logits(draft_logits[r, :depth].float()) / row.request.temperature).softmax(-1)
-            accepted, bonus = self._accept(row, out.logits[r, : depth + 1].float(), chunk[r, 1 : depth + 1], q)
+            if row.request.do_sample:
+                accepted, bonus = self._accept_sampled(row, out.logits[r, : depth + 1].float(), chunk[r, 1 : depth + 1], q)
+            else:  # drafts are accepted while they equal the target's argmax
+                drafted = chunk[r, 1 : depth + 1].tolist()
+                accepted = next((k for k in range(depth) if drafted[k] != greedy[r][k]), depth)
+                bonus = greedy[r][accepted]
             keep[r, : accepted + 1] = True
             new_tokens = chunk[r, 1 : accepted + 1].tolist() + [bonus]
             row.output.stats.record_round(drafted=depth, accepted=accepted)
@@ -422,17 +428,10 @@ class SpeculativeEngine:
             self.calibrator.update(torch.cat(verified_confidence), torch.cat(verified_accepted))
         self.stats.phase_seconds["verify"] += time.perf_counter() - start
 
-    def _accept(self, row: _Row, logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None) -> tuple[int, int]:
-        """How many of `drafts` the target accepts, and the token it emits after them.
-
-        Greedy: drafts are accepted while they equal the target's argmax. Sampling: speculative rejection sampling
-        (accept x with probability min(1, p(x)/q(x)); on rejection draw from norm(max(p - q, 0))), which leaves the
-        output distributed exactly as the target's."""
-        if not row.request.do_sample:
-            predicted = logits.argmax(-1)
-            matches = (predicted[: len(drafts)] == drafts).int().cumprod(0)
-            accepted = int(matches.sum())
-            return accepted, int(predicted[accepted])
+    def _accept_sampled(self, row: _Row, logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None) -> tuple[int, int]:
+        """How many of `drafts` the target accepts, and the token it emits after them, by speculative rejection
+        sampling: accept x with probability min(1, p(x)/q(x)); on rejection draw from norm(max(p - q, 0)). The
+        output is distributed exactly as the target's."""
         p = self._probabilities(row, logits)
         for k, token in enumerate(drafts.tolist()):
             ratio = p[k, token] / q[k, token].clamp_min(1e-30)
