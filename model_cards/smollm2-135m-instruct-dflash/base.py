@@ -14,13 +14,16 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 from torch import nn
 from transformers import AutoConfig, GenerationConfig, PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
+
+from .cache_utils import RaggedCache
 
 # Config keys of a target that describe its weights or provenance, not the shape of a layer.
 _NON_LAYER_KEYS = (
@@ -41,6 +44,37 @@ class DraftPredictions(ModelOutput):
     logits: torch.Tensor | None = None
     teacher_positions: torch.LongTensor | None = None
     draft_positions: torch.LongTensor | None = None
+
+
+@dataclass
+class DraftState:
+    """A drafter's per-generation state: its KV cache (one ragged row per sequence) and how many columns are
+    committed (verified context); the columns after them hold the last round's speculative drafts, dropped when
+    the next round begins. `phase_seconds` accumulates time per drafting phase for the benchmark."""
+
+    cache: RaggedCache
+    num_committed: int = 0
+    phase_seconds: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def begin_round(self) -> None:
+        """Drop the last round's speculative columns."""
+        self.cache.crop(self.cache.width - self.num_committed)
+
+    def commit(self) -> None:
+        """Everything in the cache so far is verified context."""
+        self.num_committed = self.cache.width
+
+    def select_rows(self, rows: torch.LongTensor) -> None:
+        self.cache.select_rows(rows)
+
+    def add_rows(self, count: int) -> None:
+        """Empty rows for joining sequences (their context arrives with the next round's verified positions)."""
+        self.cache.append_rows(RaggedCache(count, self.cache.valid.device))
+
+    def compact(self) -> None:
+        self.begin_round()
+        self.cache.compact()
+        self.commit()
 
 
 @dataclass(frozen=True)
@@ -180,6 +214,9 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
     def draft_position_weights(self) -> torch.Tensor:
         """Loss weight of draft position k = 1..K."""
         raise NotImplementedError
+
+    def new_draft_state(self, batch_size: int = 1) -> DraftState:
+        return DraftState(cache=RaggedCache(batch_size, self.device))
 
     @classmethod
     def from_target(cls, target: PreTrainedModel, tokenizer=None, **config_kwargs) -> "AngelSpecDrafterPreTrainedModel":
@@ -339,10 +376,12 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         package = os.path.dirname(os.path.abspath(__file__))
         model_module = importlib.import_module(type(self).__module__)
         config_module = importlib.import_module(type(self.config).__module__)
-        sources = [model_module.__file__, config_module.__file__, __file__, os.path.join(os.path.dirname(package), "targets.py")]
+        sources = [model_module.__file__, config_module.__file__, __file__] + [
+            os.path.join(os.path.dirname(package), helper) for helper in ("targets.py", "cache_utils.py")
+        ]
         for source in sources:
             with open(source) as handle:
-                code = re.sub(r"from \.\.(\w+) import", r"from .\1 import", handle.read())
+                code = re.sub(r"from \.+(\w+) import", r"from .\1 import", handle.read())
             with open(os.path.join(directory, os.path.basename(source)), "w") as handle:
                 handle.write(code)
         config_path = os.path.join(directory, "config.json")

@@ -14,7 +14,6 @@ With `per_layer_context_mix=False` (ctx = RMSNorm(FC(concat H)) for every layer)
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -24,18 +23,9 @@ from transformers import DynamicCache
 from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutput
 
-from .base import AngelSpecDrafterPreTrainedModel, DraftPredictions, family_classes
+from .cache_utils import last_valid, ragged_valid
+from .base import AngelSpecDrafterPreTrainedModel, DraftPredictions, DraftState, family_classes
 from .configuration_dfly import DFlyConfig
-
-
-@dataclass
-class DFlyDraftState:
-    """Per-generation state: each draft layer's cache of projected context keys/values (plus the last block), and
-    the time spent in the parallel backbone and in the sequential head."""
-
-    cache: DynamicCache
-    num_context: int = 0
-    phase_seconds: dict[str, float] = field(default_factory=lambda: {"draft_backbone": 0.0, "draft_head": 0.0})
 
 
 def project_key_value(attention: nn.Module, hidden: torch.Tensor, cos, sin, apply_rotary: Callable):
@@ -244,36 +234,36 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
 
     # -- inference: one drafting round ------------------------------------------------------------------------------
 
-    def new_draft_state(self) -> DFlyDraftState:
-        return DFlyDraftState(cache=DynamicCache())
-
     @torch.no_grad()
-    def propose(self, state: DFlyDraftState, target_hidden, new_token_ids, num_tokens: int, choose, keep_drafting=None):
-        """Draft up to `block_size - 1` tokens after the verified sequence in one backbone forward.
+    def propose(
+        self, state: DraftState, target_hidden, new_token_ids, num_tokens: int, choose, keep_drafting=None,
+        new_lengths=None,
+    ):
+        """Draft up to `block_size - 1` tokens after the verified sequence of every row in one backbone forward.
 
         `target_hidden` holds the tapped states of the newly verified positions, `new_token_ids` the tokens after
-        each (the last is the bonus token, the block's anchor). Only the AR head and the draft head run
-        sequentially over the block; `keep_drafting`, when given, is asked before each further position of that
-        sequential part and ends it early when it says no. Returns target-vocabulary ids [B, ≤ num_tokens] and
-        draft logits.
+        each (the last real one is the bonus token, the block's anchor); in a ragged batch only the first
+        `new_lengths[r]` columns of row r are real. Only the AR head and the draft head run sequentially over the
+        block; `keep_drafting`, when given, is asked before each further position of that sequential part and ends
+        it early when it says no. Returns target-vocabulary ids [B, ≤ num_tokens] and draft logits.
         """
         if num_tokens > self.config.block_size - 1:
             raise ValueError(f"num_tokens {num_tokens} exceeds the block of {self.config.block_size} (anchor included)")
         start = time.perf_counter()
-        cache = state.cache
-        stale_block = cache.get_seq_length() - state.num_context
-        if stale_block > 0:
-            cache.crop(-stale_block)
-        new = new_token_ids.shape[1]
-        device = new_token_ids.device
-        self.write_context(cache, target_hidden, torch.arange(state.num_context, state.num_context + new, device=device)[None])
-        state.num_context += new
+        cache, block = state.cache, self.config.block_size
+        state.begin_round()  # drops the last round's block
+        batch, count = new_token_ids.shape
+        new_valid = ragged_valid(new_lengths, batch, count, new_token_ids.device)
+        positions = cache.position_ids(count)
+        cache.append(new_valid)
+        self.write_context(cache.cache, target_hidden, positions)
+        state.commit()
         if num_tokens == 0:
             return new_token_ids[:, :0], self.draft_logits(self.norm(target_hidden[0][:, :0]))
-        anchor = new_token_ids[:, -1]
-        positions = torch.arange(state.num_context, state.num_context + self.config.block_size, device=device)[None]
-        everything = torch.ones(1, 1, self.config.block_size, state.num_context + self.config.block_size, dtype=torch.bool, device=device)
-        hidden = self.run_block(self.embed_tokens(self.block_ids(anchor)), positions, everything, cache)
+        anchor = last_valid(new_token_ids, new_valid)[:, 0]
+        positions = cache.position_ids(block)
+        mask = cache.append(new_valid.new_ones(batch, block), causal=False)  # bidirectional inside the block
+        hidden = self.run_block(self.embed_tokens(self.block_ids(anchor)), positions, mask, cache.cache)
         hidden = hidden[:, 1 : num_tokens + 1]
         backbone_done = time.perf_counter()
         state.phase_seconds["draft_backbone"] += backbone_done - start

@@ -18,7 +18,8 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.utils import ModelOutput
 
-from .base import AngelSpecDrafterPreTrainedModel, DraftPredictions, family_classes
+from .cache_utils import last_valid, ragged_valid
+from .base import AngelSpecDrafterPreTrainedModel, DraftPredictions, DraftState, family_classes
 from .configuration_mtp import AngelSpecMTPConfig
 
 
@@ -29,14 +30,6 @@ class MTPDrafterOutput(ModelOutput):
     last_hidden_state: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     past_key_values: DynamicCache | None = None
-
-
-@dataclass
-class MTPDraftState:
-    """Per-generation drafting state: the draft-side KV cache and how many of its entries are verified."""
-
-    cache: DynamicCache
-    num_verified: int = 0
 
 
 def causal_mask(query_length: int, key_length: int, device: torch.device) -> torch.Tensor:
@@ -187,48 +180,47 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         """Which of the target's `hidden_states` the drafter reads: the last (final-normed) one."""
         return [self.config.target_num_hidden_layers]
 
-    def new_draft_state(self) -> MTPDraftState:
-        return MTPDraftState(cache=DynamicCache())
-
     @torch.no_grad()
     def propose(
         self,
-        state: MTPDraftState,
+        state: DraftState,
         target_hidden: tuple[torch.Tensor, ...],
         new_token_ids: torch.LongTensor,
         num_tokens: int,
         choose: Callable[[torch.Tensor], torch.LongTensor],
         keep_drafting: Callable[[], bool] | None = None,
+        new_lengths: torch.LongTensor | None = None,
     ) -> tuple[torch.LongTensor, torch.Tensor]:
-        """Draft `num_tokens` tokens after the verified sequence.
+        """Draft `num_tokens` tokens after the verified sequence of every row.
 
         `target_hidden` holds the target states of the newly verified positions (one tensor per index of
         `target_hidden_state_indices`), `new_token_ids` the tokens that follow each of them (the last is the bonus
-        token). `choose` maps draft-vocabulary logits [B, V_draft] to draft-vocabulary ids [B]; `keep_drafting`, when
-        given, is asked before each further depth and ends the round early when it says no.
+        token); in a ragged batch only the first `new_lengths[r]` columns of row r are real. `choose` maps
+        draft-vocabulary logits [B, V_draft] to draft-vocabulary ids [B]; `keep_drafting`, when given, is asked
+        before each further depth and ends the round early when it says no.
         Returns target-vocabulary ids [B, num_tokens] and their draft logits [B, num_tokens, V_draft].
         """
         cache = state.cache
-        unverified = cache.get_seq_length() - state.num_verified
-        if unverified > 0:
-            cache.crop(-unverified)
-        start = state.num_verified + 1  # slot t holds token x_{t+1}: its position is t + 1
-        positions = torch.arange(start, start + new_token_ids.shape[1], device=new_token_ids.device)[None]
-        output = self.step(target_hidden[0], new_token_ids, positions, past_key_values=cache, use_cache=True)
-        state.num_verified = cache.get_seq_length()
+        state.begin_round()  # drops the last round's speculative depths
+        batch, count = new_token_ids.shape
+        new_valid = ragged_valid(new_lengths, batch, count, new_token_ids.device)
+        positions = cache.position_ids(count, offset=1)  # slot t holds token x_{t+1}: its position is t + 1
+        mask = cache.append(new_valid)
+        output = self.step(target_hidden[0], new_token_ids, positions, attention_mask=mask, past_key_values=cache.cache, use_cache=True)
+        state.commit()
+        hidden, logits, position = (last_valid(t, new_valid) for t in (output.last_hidden_state, output.logits, positions))
         draft_ids, draft_logits = [], []
-        hidden, logits, position = output.last_hidden_state[:, -1:], output.logits[:, -1], positions[:, -1:]
         for depth in range(num_tokens):
-            token = self.to_target_ids(choose(logits))[:, None]
+            token = self.to_target_ids(choose(logits[:, 0]))[:, None]
             draft_ids.append(token)
-            draft_logits.append(logits)
+            draft_logits.append(logits[:, 0])
             if depth + 1 < num_tokens:
                 if keep_drafting is not None and not keep_drafting():
                     break
                 position = position + 1
-                output = self.step(hidden, token, position, past_key_values=cache, use_cache=True)
-                hidden, logits = output.last_hidden_state, output.logits[:, -1]
+                mask = cache.append(new_valid.new_ones(batch, 1))
+                output = self.step(hidden, token, position, attention_mask=mask, past_key_values=cache.cache, use_cache=True)
+                hidden, logits = output.last_hidden_state, output.logits
         if not draft_ids:
-            empty = new_token_ids.new_zeros(new_token_ids.shape[0], 0)
-            return empty, logits.new_zeros(logits.shape[0], 0, logits.shape[-1])
+            return new_token_ids[:, :0], logits.new_zeros(batch, 0, logits.shape[-1])
         return torch.cat(draft_ids, 1), torch.stack(draft_logits, 1)
