@@ -33,6 +33,7 @@ from ..metrics import SpeculationStats
 from .dcut import ConfidenceCalibrator, dcut_depths, load_cost_model, prefix_confidence, worth_drafting_further
 
 PROFILED_ROWS = (1, 2, 4, 8, 16, 32, 64)
+REPROBE_ROUNDS = 8  # D-cut drafts at least once every this many rounds it skipped, to keep its estimate current
 
 
 @dataclass
@@ -201,6 +202,9 @@ class SpeculativeEngine:
             self.calibrator = drafter.dcut_calibrator
         self.stats = EngineStats()
         self.step_seconds = 0.0  # one sequential drafting step, measured (optimistic 0 until measured)
+        self.depth_confidence: torch.Tensor | None = None  # D-cut's running estimate before drafting
+        self.draft_seconds_estimate = 0.0
+        self.rounds_without_draft = 0
 
     # -- public API -----------------------------------------------------------------------------------------------
 
@@ -275,16 +279,17 @@ class SpeculativeEngine:
 
     def _admit(self, waiting: deque, outputs: dict) -> None:
         """Prefill waiting requests while the batch has room, each on its own, then merge them into the batch."""
-        joined = 0
+        joined = []
         while waiting and len(self.rows) < self.max_batch_size and (not self.rows or self._fits(waiting[0])):
             request = waiting.popleft()
             row, cache = self._prefill(request, outputs[id(request)])
             if row.output.finish_reason is None:  # else done at its first token
-                self.cache.append_rows(cache)
+                joined.append(cache)
                 self.rows.append(row)
-                joined += 1
-        if self.draft_state is not None and joined:
-            self.draft_state.add_rows(joined)
+        if joined:
+            self.cache.append_rows(*joined)  # one copy of the batch cache for all who joined this round
+            if self.draft_state is not None:
+                self.draft_state.add_rows(len(joined))
 
     def _prefill(self, request: Request, output: RequestOutput):
         start = time.perf_counter()
@@ -340,8 +345,7 @@ class SpeculativeEngine:
         if self.fixed_depth is None:  # this round's verify cost by width, looked up instead of interpolated per token
             widths = [self.verify_seconds(batch, width) for width in range(1, self.max_draft + 2)]
             verify = lambda rows, width: widths[width - 1]  # noqa: E731
-            top = float(self.calibrator(torch.ones(1, dtype=torch.float64))[0])
-            if num_tokens and not worth_drafting_further([torch.zeros(0)] * batch, verify, num_tokens, 0.0, 0.0, top):
+            if num_tokens and not self._drafting_expected_to_pay(batch, widths):
                 num_tokens = 0
                 self.stats.skipped_drafts += 1
         chosen: list[torch.Tensor] = []
@@ -377,11 +381,36 @@ class SpeculativeEngine:
         probabilities = torch.stack(chosen, 1).cpu() if chosen else torch.zeros(batch, 0)
         return draft_ids, logits, probabilities[:, : draft_ids.shape[1]]
 
+    def _drafting_expected_to_pay(self, rows: int, widths: list[float]) -> bool:
+        """D-cut before drafting: with the mean calibrated confidence of each draft position over recent rounds
+        (ĉ_k) and their drafting time, would any verify width beat a round without drafts? While it would not, the
+        round skips drafting (the drafter still reads the verified tokens); every `REPROBE_ROUNDS` skipped rounds one
+        round drafts anyway, so the estimate follows drift in acceptance and batch size."""
+        if self.depth_confidence is None or self.rounds_without_draft >= REPROBE_ROUNDS:
+            self.rounds_without_draft = 0
+            return True
+        no_draft = rows / widths[0]
+        expected = rows * (1 + self.depth_confidence.cumsum(0))
+        pays = any(float(expected[m - 1]) / (self.draft_seconds_estimate + widths[m]) > no_draft for m in range(1, len(widths)))
+        self.rounds_without_draft = 0 if pays else self.rounds_without_draft + 1
+        return pays
+
+    def _record_drafting(self, calibrated: torch.Tensor, seconds: float) -> None:
+        """Exponential averages of the per-position mean calibrated confidence and of a drafting round's time."""
+        mean = torch.zeros(self.max_draft, dtype=torch.float64)
+        mean[: calibrated.shape[1]] = calibrated.mean(0)
+        if self.depth_confidence is None:
+            self.depth_confidence, self.draft_seconds_estimate = mean, seconds
+        else:
+            self.depth_confidence = 0.8 * self.depth_confidence + 0.2 * mean
+            self.draft_seconds_estimate = 0.8 * self.draft_seconds_estimate + 0.2 * seconds
+
     def _depths(self, drafts: torch.Tensor, probabilities: torch.Tensor) -> list[int]:
         """Drafted tokens to verify per row: fixed, or D-cut's global ranking; never past a row's length limit."""
         caps = [max(0, min(drafts.shape[1], row.remaining - 1)) for row in self.rows]
         if self.fixed_depth is not None or not drafts.shape[1]:
             return [min(cap, self.fixed_depth or 0) for cap in caps]
+        self._record_drafting(self.calibrator(prefix_confidence(probabilities)), self.round_draft_seconds)
         confidences = [self.calibrator(prefix_confidence(p[:cap])) for p, cap in zip(probabilities, caps)]
         return dcut_depths(confidences, self.verify_seconds, self.round_draft_seconds)
 
