@@ -74,5 +74,5 @@ def test_quick_suite_runs_every_method_and_reports_a_failing_one(smollm2_tokeniz
     for name in ("speedup_by_domain.png", "acceptance_by_position.png", "throughput_vs_concurrency.png"):
         assert (tmp_path / "out" / name).read_bytes()[:4] == b"\x89PNG"
     markdown = (tmp_path / "BENCHMARKS.md").read_text()
-    assert "angelspec suite --quick" in markdown and "![speedup_by_domain.png](out/speedup_by_domain.png)" in markdown
+    assert "angelspec suite --quick" in markdown and "smoke slice" in markdown and "![speedup_by_domain.png](out/speedup_by_domain.png)" in markdown
     assert "failed: " in markdown and "| 2 | dfly[dcut] |" in markdown

@@ -230,6 +230,11 @@ def markdown_report(report: dict, plots: list[str], relative_to: str, command: s
         f"transformers {machine['transformers']}. {size['prompts_per_domain']} prompts per domain, "
         f"{size['max_new_tokens']} new tokens, greedy; every speculative output is checked against AR.",
         "",
+        *(
+            ["**This is a `--quick` smoke slice** (the shortest prompt of each domain, a few tokens): it shows that every",
+             "method runs; its ratios are too small a sample to rank methods. The full suite is `angelspec suite`.", ""]
+            if report.get("size_name") == "quick" else []
+        ),
         "## Speedup over AR per domain (τ in brackets)",
         "",
         summary_table(report),
@@ -251,6 +256,7 @@ def main(args) -> dict:
     target = load_target(args.target)
     report = run_suite(target, size, args.drafters_dir, args.data_dir)
     report["command"] = getattr(args, "command_line", None)
+    report["size_name"] = "quick" if args.quick else "full"
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, "results.json"), "w") as handle:
         json.dump(report, handle, indent=2)
