@@ -232,9 +232,8 @@ class SpeculativeEngine:
                 self._round()
             self._record_memory()
             self._retire()
-            done = sum(len(o.output_ids) for o in outputs.values())
-            if bar is not None:
-                bar.update(done - bar.n)
+            if bar is not None:  # progress counted only when shown: the loop is the engine's hot path
+                bar.update(sum(len(o.output_ids) for o in outputs.values()) - bar.n)
         if bar is not None:
             bar.close()
         self.stats.seconds = time.perf_counter() - start
@@ -328,9 +327,8 @@ class SpeculativeEngine:
         """Every row's drafts [B, K] (target vocabulary), their draft logits and the draft probability of each
         chosen token; K = 0 without a drafter, or when D-cut sees that no draft could pay for its verification."""
         batch = len(self.rows)
-        empty = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
         if self.drafter is None:
-            return empty, None, torch.zeros(batch, 0)
+            return torch.zeros(batch, 0, dtype=torch.long, device=self.device), None, torch.zeros(batch, 0)
         start = time.perf_counter()
         count = max(len(row.pending_tokens) for row in self.rows)
         lengths = torch.tensor([len(row.pending_tokens) for row in self.rows], device=self.device)
