@@ -3,10 +3,12 @@
 import json
 import math
 
+import pytest
 import torch
-from conftest import make_target
+from conftest import ARCHITECTURES, make_target
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
+from angelspec_hf.benchmark.bench import assisted_heuristic_method, early_exit_assistant
 from angelspec_hf.cli import main as cli_main
 
 
@@ -30,14 +32,14 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
     cli_main([
         "bench", "--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"),
         "--drafter", f"{tmp_path / 'dflash'}@fixed-2,dcut,heuristic", "--drafter", str(tmp_path / "foreign"),
-        "--prompts", str(prompts), "--prompt-lookup", "3",
+        "--prompts", str(prompts), "--prompt-lookup", "3", "--early-exit-assistant", "1",
         "--max-new-tokens", "12", "--full-vocab-variant", "--schedules", "dcut,fixed-2,heuristic", "--markdown",
         "--output", str(output),
     ])
     results = json.loads(output.read_text())
     by_name = {method["name"]: method for method in results["methods"]}
     assert list(by_name) == [
-        "ar", "prompt-lookup[3]", "mtp:drafter[dcut]", "mtp:drafter[fixed-2]", "mtp:drafter[heuristic]",
+        "ar", "prompt-lookup[3]", "assisted-heuristic:early-exit-1of2", "mtp:drafter[dcut]", "mtp:drafter[fixed-2]", "mtp:drafter[heuristic]",
         "mtp:drafter+full-vocab-head[dcut]", "dflash:dflash[fixed-2]", "dflash:dflash[dcut]", "dflash:dflash[heuristic]",
         "transformers-dflash:dflash", "foreign",
     ]
@@ -67,6 +69,27 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
     printed = capsys.readouterr().out
     assert "mtp:drafter[dcut]" in printed and "| transformers-dflash:dflash |" in printed
     assert "foreign" in printed and "FAILED" in printed
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_early_exit_assistant_shares_the_targets_weights(model_type):
+    """The assistant for transformers' heuristic assisted generation: the target's first layers, nothing copied,
+    lossless through transformers' own `AssistedCandidateGenerator`."""
+    target = make_target(model_type, num_hidden_layers=3)
+    assistant = early_exit_assistant(target, 2)
+    assert assistant.config.num_hidden_layers == 2 and target.config.num_hidden_layers == 3
+    shared = {id(p) for p in target.parameters()}
+    assert all(id(p) in shared for p in assistant.parameters())
+    assert assistant.get_decoder().layers[1] is target.get_decoder().layers[1]
+    method = assisted_heuristic_method(target, 1)
+    assert method.generate_kwargs["assistant_model"].generation_config.num_assistant_tokens_schedule == "heuristic"
+    assert target.generation_config.num_assistant_tokens_schedule != "heuristic"  # the target's own config untouched
+    ids = torch.tensor([[3, 5, 7, 9, 11]])
+    reference = target.generate(ids, max_new_tokens=16, do_sample=False)
+    assert torch.equal(target.generate(ids, max_new_tokens=16, do_sample=False, **method.generate_kwargs), reference)
+    for layers in (0, 3):
+        with pytest.raises(ValueError, match="of the target's 3 layers"):
+            early_exit_assistant(target, layers)
 
 
 def test_engine_bench_reports_every_policy_at_every_concurrency(smollm2_tokenizer, tmp_path, capsys):

@@ -135,6 +135,26 @@ def test_dcut_skips_drafting_when_verification_cannot_pay():
     assert all(sum(o.stats.drafted) == 0 for o in outputs)
 
 
+def test_dcut_estimate_keeps_positions_the_early_exit_did_not_reach():
+    """A round that drafted one position must not read as zero confidence at the depths it did not draft (else
+    D-cut talks itself out of drafting); estimates never grow with depth."""
+    target = make_target("llama", num_hidden_layers=2)
+    engine = SpeculativeEngine(target, make_drafter("mtp", target, oracle=False), cost_model=flat_cost_model())
+    engine.round_first_draft_seconds = 0.01
+    engine._record_drafting(torch.tensor([[0.6, 0.3, 0.2], [0.4, 0.1, 0.0]], dtype=torch.float64))
+    assert torch.allclose(engine.depth_confidence, torch.tensor([0.5, 0.2, 0.1], dtype=torch.float64))
+    engine._record_drafting(torch.tensor([[0.0]], dtype=torch.float64))  # early exit after depth 1
+    assert torch.allclose(engine.depth_confidence, torch.tensor([0.4, 0.2, 0.1], dtype=torch.float64))
+    engine._record_drafting(torch.tensor([[0.0]], dtype=torch.float64))
+    engine._record_drafting(torch.tensor([[0.0]], dtype=torch.float64))
+    assert engine.depth_confidence.tolist() == sorted(engine.depth_confidence.tolist(), reverse=True)
+    assert engine.depth_confidence[2] > 0
+    fresh = SpeculativeEngine(target, make_drafter("mtp", target, oracle=False), cost_model=flat_cost_model())
+    fresh.round_first_draft_seconds = 0.01
+    fresh._record_drafting(torch.tensor([[0.7]], dtype=torch.float64))  # first round: deeper positions start there
+    assert fresh.depth_confidence.tolist() == pytest.approx([0.7, 0.7, 0.7])
+
+
 def test_sampling_preserves_the_target_distribution():
     """The second token (the first one a verify round decides) of many sampled continuations vs its exact law
     under the target, sum over x1 of p(x1) p(x2 | x1)."""

@@ -37,7 +37,7 @@ class OracleMTPDrafter(AngelSpecMTPDrafter):
 
             def choose(logits):
                 token = real_choose(logits)
-                generator.chosen_probabilities[-1] = torch.tensor([self.rng.uniform(0.3, 1.0)])
+                generator.drafting.probabilities[-1] = torch.tensor([self.rng.uniform(0.3, 1.0)])
                 return token
 
         draft_ids, draft_logits = super().propose(state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting)

@@ -53,7 +53,7 @@ def test_quick_suite_runs_every_method_and_reports_a_failing_one(smollm2_tokeniz
     report = json.loads((tmp_path / "out" / "results.json").read_text())
     assert list(report["domains"]) == list(suite.SPEC_BENCH_CATEGORIES) + ["gsm8k", "mbpp"]
     expected = {
-        "ar", "prompt-lookup[3]", "mtp:smollm2-135m-instruct-mtp[dcut]", "mtp-no-ttt:smollm2-135m-instruct-mtp-no-ttt",
+        "ar", "prompt-lookup[3]", "assisted-heuristic:early-exit-1of2", "mtp:smollm2-135m-instruct-mtp[dcut]", "mtp-no-ttt:smollm2-135m-instruct-mtp-no-ttt",
         "dflash:smollm2-135m-instruct-dflash[dcut]", "transformers-dflash:smollm2-135m-instruct-dflash",
         "dfly:smollm2-135m-instruct-dfly[dcut]",
     }

@@ -59,6 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prompt-lookup", type=int, default=0,
         help="also run transformers' prompt lookup decoding with this many tokens per round (0: off)",
     )
+    parser.add_argument(
+        "--early-exit-assistant", type=int, default=0,
+        help="also run transformers' assisted generation (heuristic schedule) with an assistant made of the target's "
+        "first N layers (0: off)",
+    )
     parser.add_argument("--output", default=None, help="write results as JSON here")
     parser.add_argument("--markdown", action="store_true", help="also print the results as a Markdown table")
 
@@ -342,6 +347,42 @@ def prompt_lookup_method(num_tokens: int) -> Method:
     return Method(f"prompt-lookup[{num_tokens}]", {"prompt_lookup_num_tokens": num_tokens})
 
 
+def early_exit_assistant(target, num_layers: int):
+    """An assistant model with the target's tokenizer made from the target itself: its first `num_layers` decoder
+    layers, final norm and lm_head, weights shared (nothing copied) — the self-speculative "early exit" draft of
+    LayerSkip and Draft & Verify, untrained. Offline there is no smaller model of the target's family, so this is
+    the compatible assistant that transformers' own assisted generation (`AssistedCandidateGenerator`) can run."""
+    import copy
+
+    total = target.config.get_text_config().num_hidden_layers
+    if not 1 <= num_layers < total:
+        raise ValueError(f"An early-exit assistant needs 1 to {total - 1} of the target's {total} layers, got {num_layers}")
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:num_layers]
+    with torch.device("meta"):
+        assistant = type(target)(config)
+    decoder, source = assistant.get_decoder(), target.get_decoder()
+    for name, module in source.named_children():
+        setattr(decoder, name, module[:num_layers] if name == "layers" else module)
+    assistant.lm_head = target.lm_head
+    unset = [name for name, tensor in [*assistant.named_parameters(), *assistant.named_buffers()] if tensor.is_meta]
+    if unset:
+        raise ValueError(f"Early-exit assistant: {type(target).__name__} keeps {unset[:3]} outside its decoder and lm_head")
+    assistant.generation_config = copy.deepcopy(target.generation_config)
+    return assistant.eval()
+
+
+def assisted_heuristic_method(target, num_layers: int) -> Method:
+    """transformers' assisted generation with its `heuristic` draft-length schedule (and, with scikit-learn
+    installed, its tuned confidence threshold) on the early-exit assistant."""
+    assistant = early_exit_assistant(target, num_layers)
+    assistant.generation_config.num_assistant_tokens_schedule = "heuristic"
+    total = target.config.get_text_config().num_hidden_layers
+    return Method(f"assisted-heuristic:early-exit-{num_layers}of{total}", {"assistant_model": assistant})
+
+
 def load_drafter(path: str, target):
     """A drafter folder loaded and bound to `target` (ValueError naming the mismatch if it belongs elsewhere)."""
     from transformers import AutoModel
@@ -358,6 +399,8 @@ def main(args: argparse.Namespace) -> dict:
     methods, engine_drafters = [], []
     if args.prompt_lookup:
         methods.append(prompt_lookup_method(args.prompt_lookup))
+    if args.early_exit_assistant:
+        methods.append(assisted_heuristic_method(target.model, args.early_exit_assistant))
     for spec in args.drafter:
         path, _, own_schedules = spec.partition("@")
         try:

@@ -2,10 +2,11 @@
 
 Domains: Spec-Bench's six categories (its multi-turn category is MT-bench's 80 questions; first turns are used),
 GSM8K test and MBPP test, prompts spread evenly over each domain. Methods through `generate()`: AR (the baseline of
-every ratio), transformers' prompt lookup decoding, transformers' built-in DFlash generator on our DFlash-ablation
-checkpoint, and each shipped drafter with D-cut (MTP with and without TTT, DFlash, DFly). Then the batched engine:
-batched AR vs MTP and DFly at fixed depths and with D-cut, over concurrencies, on the chat+math+code mix. A method
-that fails (for example a drafter for another target) is reported with its error; the rest of the suite runs.
+every ratio), transformers' prompt lookup decoding, transformers' assisted generation with its heuristic schedule on
+an early-exit assistant (the target's first quarter of layers, the one compatible assistant available offline),
+transformers' built-in DFlash generator on our DFlash-ablation checkpoint, and each shipped drafter with D-cut (MTP
+with and without TTT, DFlash, DFly). Then the batched engine: batched AR vs MTP and DFly at fixed depths and with
+D-cut, over concurrencies, on the chat+math+code mix. A method that fails (for example a drafter for another target) is reported with its error; the rest of the suite runs.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ import os
 import statistics
 from dataclasses import dataclass
 
-from .bench import Method, drafter_methods, load_drafter, machine_state, markdown_table, prompt_lookup_method, run_benchmark
+from .bench import (
+    Method, assisted_heuristic_method, drafter_methods, load_drafter, machine_state, markdown_table, prompt_lookup_method,
+    run_benchmark,
+)
 from .engine_bench import format_engine_table, run_engine_benchmark
 
 SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
@@ -27,6 +31,8 @@ DRAFTER_CARDS = {  # method kind -> model card folder (under --drafters-dir)
     "dflash": "smollm2-135m-instruct-dflash",
     "dfly": "smollm2-135m-instruct-dfly",
 }
+
+EARLY_EXIT_FRACTION = 4  # the heuristic assisted-generation baseline drafts with the target's first quarter of layers
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,8 @@ def domain_prompts(per_domain: int, data_dir: str | None = None, shortest: bool 
 def suite_methods(target, drafters_dir: str) -> tuple[list[Method], dict]:
     """The generate() methods (each drafter with D-cut) and the loaded drafters by kind; a drafter that cannot be
     loaded becomes a failed method."""
-    methods, loaded = [prompt_lookup_method(3)], {}
+    layers = target.model.config.get_text_config().num_hidden_layers
+    methods, loaded = [prompt_lookup_method(3), assisted_heuristic_method(target.model, max(1, layers // EARLY_EXIT_FRACTION))], {}
     for kind, card in DRAFTER_CARDS.items():
         path = os.path.join(drafters_dir, card)
         try:

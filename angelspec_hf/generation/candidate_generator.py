@@ -22,7 +22,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from ..metrics import SpeculationStats
-from .dcut import ConfidenceCalibrator, dcut_depths, load_cost_model, prefix_confidence, worth_drafting_further
+from .dcut import ConfidenceCalibrator, DraftRound, dcut_depths, load_cost_model
 
 SCHEDULES = ("dcut", "constant", "heuristic")
 
@@ -78,8 +78,7 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         self.state = drafter.new_draft_state()
         self.num_seen = 0
         self.num_drafted = 0
-        self.chosen_probabilities: list[torch.Tensor] = []
-        self.chosen_at: list[float] = []
+        self.drafting = DraftRound()
         self.step_seconds = 0.0  # one sequential drafting step, measured (optimistic 0 until measured)
         self.verified_confidence = torch.zeros(0)
         self.stats = SpeculationStats()
@@ -90,8 +89,7 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         Records q of the chosen token, D-cut's confidence input."""
         probabilities = (logits.float() / self.temperature).softmax(-1)
         token = torch.multinomial(probabilities, 1)[:, 0] if self.do_sample else logits.argmax(-1)
-        self.chosen_probabilities.append(probabilities.gather(-1, token[:, None])[:, 0])
-        self.chosen_at.append(time.perf_counter())
+        self.drafting.record(probabilities.gather(-1, token[:, None])[:, 0])
         return token
 
     def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, **kwargs):
@@ -103,15 +101,14 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         new_tokens = input_ids[:, self.num_seen + 1 :]
         self.num_seen = length - 1
         self.num_drafted = max(0, min(self.num_tokens, self.max_length - length - 1))
-        start = time.perf_counter()
-        self.chosen_probabilities, self.chosen_at, self.round_start = [], [], start
+        self.drafting = DraftRound()
         draft_ids, draft_logits = self.drafter.propose(
             self.state, hidden, new_tokens, self.num_drafted, self.choose, keep_drafting=self.keep_drafting
         )
         draft_ids = self.cut_before_stop_string(input_ids, draft_ids)
         if self.schedule == "dcut":
-            draft_ids = self.dcut(draft_ids, draft_seconds=time.perf_counter() - start)
-        self.stats.draft_seconds += time.perf_counter() - start
+            draft_ids = self.dcut(draft_ids, draft_seconds=time.perf_counter() - self.drafting.start)
+        self.stats.draft_seconds += time.perf_counter() - self.drafting.start
         self.stats.phase_seconds = dict(getattr(self.state, "phase_seconds", {}))
         draft_logits = draft_logits[:, : draft_ids.shape[1]]
         self.num_drafted = draft_ids.shape[1]
@@ -120,20 +117,13 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
             return candidates, None
         return candidates, self.drafter.to_target_logits(draft_logits.float() / self.temperature)
 
-    def raw_confidence(self, count: int) -> torch.Tensor:
-        """Prefix products of the draft probabilities of the first `count` tokens chosen this round."""
-        return prefix_confidence(torch.stack(self.chosen_probabilities[:count], dim=1)[0].cpu())
-
     def keep_drafting(self) -> bool:
         """Early exit for sequential drafting (MTP depths, DFly's AR head) under D-cut: stop once no further token
         can raise the round's expected tokens per second (`worth_drafting_further`, one row)."""
         if self.schedule != "dcut":
             return True
-        if len(self.chosen_at) > 1:
-            self.step_seconds = (self.chosen_at[-1] - self.chosen_at[0]) / (len(self.chosen_at) - 1)
-        confidence = self.calibrator(self.raw_confidence(len(self.chosen_probabilities)))
-        elapsed = time.perf_counter() - self.round_start
-        return worth_drafting_further([confidence], self.verify_seconds, self.num_drafted, elapsed, self.step_seconds)
+        self.step_seconds = self.drafting.step_seconds(self.step_seconds)
+        return self.drafting.worth_continuing(self.calibrator, self.verify_seconds, self.num_drafted, self.step_seconds)
 
     def dcut(self, draft_ids: torch.LongTensor, draft_seconds: float) -> torch.LongTensor:
         """Keep the prefix worth verifying (D-cut with one request): calibrated prefix confidences against the
@@ -142,7 +132,7 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         if count == 0:
             self.verified_confidence = torch.zeros(0)
             return draft_ids
-        raw = self.raw_confidence(count)
+        raw = self.drafting.raw_confidence()[0, :count]
         depth = dcut_depths([self.calibrator(raw)], self.verify_seconds, draft_seconds)[0]
         self.verified_confidence = raw[:depth]
         return draft_ids[:, :depth]

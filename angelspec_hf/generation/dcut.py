@@ -198,6 +198,40 @@ def prefix_confidence(draft_probabilities: torch.Tensor) -> torch.Tensor:
     return draft_probabilities.double().cumprod(dim=-1)
 
 
+class DraftRound:
+    """One round of sequential drafting as D-cut sees it: the draft probability of each chosen token (one value per
+    row and step) and when each step finished; shared by `generate()`'s candidate generator and the batched engine."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+        self.probabilities: list[torch.Tensor] = []
+        self.finished_at: list[float] = []
+
+    def record(self, chosen_probabilities: torch.Tensor) -> None:
+        """After a drafting step: q(x) of the token chosen in each row."""
+        self.probabilities.append(chosen_probabilities)
+        self.finished_at.append(time.perf_counter())
+
+    def raw_confidence(self) -> torch.Tensor:
+        """Prefix products of the draft probabilities so far, [rows, steps]."""
+        return prefix_confidence(torch.stack(self.probabilities, 1).cpu())
+
+    def step_seconds(self, previous: float) -> float:
+        """Mean time of a drafting step after the first (`previous` until two steps are measured)."""
+        if len(self.finished_at) < 2:
+            return previous
+        return (self.finished_at[-1] - self.finished_at[0]) / (len(self.finished_at) - 1)
+
+    def first_step_seconds(self) -> float:
+        """Time to the first drafted token: the drafter reading the verified tokens, and its first step."""
+        return (self.finished_at[0] if self.finished_at else time.perf_counter()) - self.start
+
+    def worth_continuing(self, calibrator, verify_seconds, max_draft: int, step_seconds: float) -> bool:
+        """D-cut's early exit after a step (`worth_drafting_further` on the calibrated confidences so far)."""
+        confidences = list(calibrator(self.raw_confidence()))
+        return worth_drafting_further(confidences, verify_seconds, max_draft, time.perf_counter() - self.start, step_seconds)
+
+
 def dcut_depths(
     confidences: Sequence[torch.Tensor], verify_seconds: Callable[[int, int], float], draft_seconds: float = 0.0
 ) -> list[int]:

@@ -30,7 +30,7 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 
 from ..cache_utils import RaggedCache
 from ..metrics import SpeculationStats
-from .dcut import ConfidenceCalibrator, dcut_depths, load_cost_model, prefix_confidence, worth_drafting_further
+from .dcut import ConfidenceCalibrator, DraftRound, dcut_depths, load_cost_model, prefix_confidence
 
 PROFILED_ROWS = (1, 2, 4, 8, 16, 32, 64)
 REPROBE_ROUNDS = 8  # D-cut drafts at least once every this many rounds it skipped, to keep its estimate current
@@ -203,7 +203,7 @@ class SpeculativeEngine:
         self.stats = EngineStats()
         self.step_seconds = 0.0  # one sequential drafting step, measured (optimistic 0 until measured)
         self.depth_confidence: torch.Tensor | None = None  # D-cut's running estimate before drafting
-        self.draft_seconds_estimate = 0.0
+        self.first_draft_seconds = 0.0  # running estimate: drafter reading the verified tokens + its first step
         self.rounds_without_draft = 0
 
     # -- public API -----------------------------------------------------------------------------------------------
@@ -329,7 +329,7 @@ class SpeculativeEngine:
         batch = len(self.rows)
         if self.drafter is None:
             return torch.zeros(batch, 0, dtype=torch.long, device=self.device), None, torch.zeros(batch, 0)
-        start = time.perf_counter()
+        drafting = DraftRound()
         count = max(len(row.pending_tokens) for row in self.rows)
         lengths = torch.tensor([len(row.pending_tokens) for row in self.rows], device=self.device)
         tokens = torch.tensor([row.pending_tokens + [0] * (count - len(row.pending_tokens)) for row in self.rows], device=self.device)
@@ -346,8 +346,6 @@ class SpeculativeEngine:
             if num_tokens and not self._drafting_expected_to_pay(batch, widths):
                 num_tokens = 0
                 self.stats.skipped_drafts += 1
-        chosen: list[torch.Tensor] = []
-        chosen_at: list[float] = []
         temperatures = torch.tensor([row.request.temperature if row.request.do_sample else 1.0 for row in self.rows], device=self.device)
 
         def choose(logits: torch.Tensor) -> torch.LongTensor:
@@ -356,59 +354,66 @@ class SpeculativeEngine:
             for r, row in enumerate(self.rows):
                 if row.request.do_sample:
                     token[r] = torch.multinomial(probabilities[r], 1, generator=row.generator)[0]
-            chosen.append(probabilities.gather(-1, token[:, None])[:, 0])
-            chosen_at.append(time.perf_counter())
+            drafting.record(probabilities.gather(-1, token[:, None])[:, 0])
             return token
 
         def keep_drafting() -> bool:
             """D-cut's early exit: stop once no further depth can raise the round's expected tokens per second."""
             if verify is None:
                 return True
-            if len(chosen_at) > 1:
-                self.step_seconds = (chosen_at[-1] - chosen_at[0]) / (len(chosen_at) - 1)
-            confidences = list(self.calibrator(prefix_confidence(torch.stack(chosen, 1).cpu())))
-            return worth_drafting_further(confidences, verify, num_tokens, time.perf_counter() - start, self.step_seconds)
+            self.step_seconds = drafting.step_seconds(self.step_seconds)
+            return drafting.worth_continuing(self.calibrator, verify, num_tokens, self.step_seconds)
 
         draft_ids, logits = self.drafter.propose(
             self.draft_state, hidden, tokens, num_tokens, choose, keep_drafting=keep_drafting, new_lengths=lengths
         )
         for row in self.rows:
             row.pending_hidden, row.pending_tokens = (), []
-        self.round_draft_seconds = time.perf_counter() - start
+        self.round_draft_seconds = time.perf_counter() - drafting.start
+        self.round_first_draft_seconds = drafting.first_step_seconds()
         self.stats.phase_seconds["draft"] += self.round_draft_seconds
-        probabilities = torch.stack(chosen, 1).cpu() if chosen else torch.zeros(batch, 0)
+        probabilities = torch.stack(drafting.probabilities, 1).cpu() if drafting.probabilities else torch.zeros(batch, 0)
         return draft_ids, logits, probabilities[:, : draft_ids.shape[1]]
 
     def _drafting_expected_to_pay(self, rows: int, widths: list[float]) -> bool:
         """D-cut before drafting: with the mean calibrated confidence of each draft position over recent rounds
-        (ĉ_k) and their drafting time, would any verify width beat a round without drafts? While it would not, the
-        round skips drafting (the drafter still reads the verified tokens); every `REPROBE_ROUNDS` skipped rounds one
-        round drafts anyway, so the estimate follows drift in acceptance and batch size."""
+        (ĉ_k) and the drafting time of m tokens (first step, ingest included, plus m − 1 measured steps), would any
+        verify width beat a round without drafts? While it would not, the round skips drafting (the drafter still
+        reads the verified tokens); every `REPROBE_ROUNDS` skipped rounds one round drafts anyway, so the estimate
+        follows drift in acceptance and batch size."""
         if self.depth_confidence is None or self.rounds_without_draft >= REPROBE_ROUNDS:
             self.rounds_without_draft = 0
             return True
         no_draft = rows / widths[0]
         expected = rows * (1 + self.depth_confidence.cumsum(0))
-        pays = any(float(expected[m - 1]) / (self.draft_seconds_estimate + widths[m]) > no_draft for m in range(1, len(widths)))
+        pays = any(
+            float(expected[m - 1]) / (self.first_draft_seconds + (m - 1) * self.step_seconds + widths[m]) > no_draft
+            for m in range(1, len(widths))
+        )
         self.rounds_without_draft = 0 if pays else self.rounds_without_draft + 1
         return pays
 
-    def _record_drafting(self, calibrated: torch.Tensor, seconds: float) -> None:
-        """Exponential averages of the per-position mean calibrated confidence and of a drafting round's time."""
-        mean = torch.zeros(self.max_draft, dtype=torch.float64)
-        mean[: calibrated.shape[1]] = calibrated.mean(0)
+    def _record_drafting(self, calibrated: torch.Tensor) -> None:
+        """Exponential averages of the per-position mean calibrated confidence and of the first drafting step's time.
+        Only drafted positions are averaged: a position the early exit did not reach keeps its estimate (the first
+        time, that of the deepest drafted one), capped so that the estimates never grow with depth."""
+        drafted = calibrated.shape[1]
+        mean = calibrated.mean(0)
         if self.depth_confidence is None:
-            self.depth_confidence, self.draft_seconds_estimate = mean, seconds
+            self.depth_confidence = mean[-1].repeat(self.max_draft)
+            self.depth_confidence[:drafted] = mean
+            self.first_draft_seconds = self.round_first_draft_seconds
         else:
-            self.depth_confidence = 0.8 * self.depth_confidence + 0.2 * mean
-            self.draft_seconds_estimate = 0.8 * self.draft_seconds_estimate + 0.2 * seconds
+            self.depth_confidence[:drafted] = 0.8 * self.depth_confidence[:drafted] + 0.2 * mean
+            self.first_draft_seconds = 0.8 * self.first_draft_seconds + 0.2 * self.round_first_draft_seconds
+        self.depth_confidence = self.depth_confidence.cummin(0).values
 
     def _depths(self, drafts: torch.Tensor, probabilities: torch.Tensor) -> list[int]:
         """Drafted tokens to verify per row: fixed, or D-cut's global ranking; never past a row's length limit."""
         caps = [max(0, min(drafts.shape[1], row.remaining - 1)) for row in self.rows]
         if self.fixed_depth is not None or not drafts.shape[1]:
             return [min(cap, self.fixed_depth or 0) for cap in caps]
-        self._record_drafting(self.calibrator(prefix_confidence(probabilities)), self.round_draft_seconds)
+        self._record_drafting(self.calibrator(prefix_confidence(probabilities)))
         confidences = [self.calibrator(prefix_confidence(p[:cap])) for p, cap in zip(probabilities, caps)]
         return dcut_depths(confidences, self.verify_seconds, self.round_draft_seconds)
 
