@@ -44,11 +44,16 @@ def test_quick_suite_runs_every_method_and_reports_a_failing_one(smollm2_tokeniz
     ).save_pretrained(cards / suite.DRAFTER_CARDS["dflash"])
     other = make_target("llama", vocab_size=len(smollm2_tokenizer), dtype=torch.float32, hidden_size=32, head_dim=8)
     AngelSpecMTPDrafter.from_target(other, smollm2_tokenizer, num_depths=2).save_pretrained(cards / suite.DRAFTER_CARDS["mtp-no-ttt"])
+    (cards / suite.DRAFTER_CARDS["mtp"] / "README.md").write_text(
+        "# MTP\n\nIntro.\n\n" + suite.CARD_SECTION_START + "\nstale numbers\n" + suite.CARD_SECTION_END + "\n\n## Training\nKept.\n"
+    )
+    (cards / suite.DRAFTER_CARDS["dfly"] / "README.md").write_text("# DFly\n")
     write_tiny_data(tmp_path / "data")
     monkeypatch.setattr(suite, "QUICK", suite.SuiteSize(1, 6, (1, 2), 4, {"mtp": ("fixed-1", "dcut"), "dfly": ("fixed-2", "dcut")}, 2, engine_requests=8))
     cli_main([
         "suite", "--quick", "--target", str(tmp_path / "target"), "--drafters-dir", str(cards), "--data-dir",
         str(tmp_path / "data"), "--output-dir", str(tmp_path / "out"), "--benchmarks-md", str(tmp_path / "BENCHMARKS.md"),
+        "--update-model-cards",
     ])
     report = json.loads((tmp_path / "out" / "results.json").read_text())
     assert list(report["domains"]) == list(suite.SPEC_BENCH_CATEGORIES) + ["gsm8k", "mbpp"]
@@ -76,3 +81,12 @@ def test_quick_suite_runs_every_method_and_reports_a_failing_one(smollm2_tokeniz
     markdown = (tmp_path / "BENCHMARKS.md").read_text()
     assert "angelspec suite --quick" in markdown and "smoke slice" in markdown and "![speedup_by_domain.png](out/speedup_by_domain.png)" in markdown
     assert "failed: " in markdown and "| 2 | dfly[dcut] |" in markdown
+    # The model cards take their numbers from this run; the rest of each card is kept.
+    mtp_card = (cards / suite.DRAFTER_CARDS["mtp"] / "README.md").read_text()
+    assert "stale numbers" not in mtp_card and mtp_card.startswith("# MTP\n\nIntro.") and mtp_card.endswith("## Training\nKept.\n")
+    speedup = report["domains"]["gsm8k"]["methods"][3]
+    assert speedup["name"] == "mtp:smollm2-135m-instruct-mtp[dcut]"
+    assert f"| gsm8k | mtp:smollm2-135m-instruct-mtp[dcut] | {speedup['tau']:.2f} |" in mtp_card
+    assert "| 2 | mtp[dcut] |" in mtp_card and "dfly[dcut]" not in mtp_card and "no-ttt" not in mtp_card
+    dfly_card = (cards / suite.DRAFTER_CARDS["dfly"] / "README.md").read_text()
+    assert dfly_card.count(suite.CARD_SECTION_START) == 1 and "| mbpp | dfly:smollm2-135m-instruct-dfly[dcut] |" in dfly_card

@@ -254,6 +254,71 @@ def markdown_report(report: dict, plots: list[str], relative_to: str, command: s
     return "\n".join(parts)
 
 
+CARD_SECTION_START = "<!-- angelspec suite: start (written by `angelspec suite --update-model-cards`) -->"
+CARD_SECTION_END = "<!-- angelspec suite: end -->"
+
+
+def card_section(report: dict, card: str, kind: str) -> str:
+    """A model card's share of a suite run: its drafter's rows per domain, and its engine runs."""
+    lines = [
+        CARD_SECTION_START,
+        "## Benchmark suite (latest run)",
+        "",
+        f"From `{report.get('command') or 'angelspec suite'}` ({report.get('size_name', 'full')} run; "
+        f"{report['size']['prompts_per_domain']} prompts per domain, {report['size']['max_new_tokens']} new tokens, greedy, "
+        f"{report['machine']['threads']} torch thread(s)); all methods of that run are in [BENCHMARKS.md](../../BENCHMARKS.md).",
+        "",
+        "| domain | method | τ | tokens/s | speedup vs AR | identical to AR | acceptance by position |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for domain, result in report["domains"].items():
+        for method in result["methods"]:
+            if method["name"].partition(":")[2].partition("[")[0] != card:  # "kind:card[schedule]"
+                continue
+            if method.get("failed"):
+                lines.append(f"| {domain} | {method['name']} | failed: {method['error']} | | | | |")
+                continue
+            depths = ", ".join(f"{rate:.2f}" for rate in method["acceptance_by_depth"]) or "—"
+            lines.append(
+                f"| {domain} | {method['name']} | {method['tau']:.2f} | {method['tokens_per_s']:.1f} | "
+                f"{method['speedup']:.2f}× | {method['identical']}/{method['prompts']} | {depths} |"
+            )
+    engine_rows = [
+        (level["concurrency"], run) for level in report["engine"]["concurrency"] for run in level["runs"]
+        if run["name"] == "batched-ar" or run["name"].startswith(f"{kind}[")
+    ]
+    if any(run["name"] != "batched-ar" for _, run in engine_rows):
+        lines += ["", "Batched engine, chat + math + code mix:", "", "| concurrency | policy | tokens/s | speedup vs batched AR | τ |",
+                  "| --- | --- | --- | --- | --- |"]
+        lines += [
+            f"| {concurrency} | {run['name']} | {run['tokens_per_s']:.1f} | {run['speedup']:.2f}× | {run['tau']:.2f} |"
+            for concurrency, run in engine_rows
+        ]
+    lines.append(CARD_SECTION_END)
+    return "\n".join(lines)
+
+
+def update_model_cards(report: dict, drafters_dir: str) -> list[str]:
+    """Rewrite (or append) the suite section of each shipped drafter's README.md; the rest of the card is kept."""
+    updated = []
+    for kind, card in DRAFTER_CARDS.items():
+        path = os.path.join(drafters_dir, card, "README.md")
+        if not os.path.isfile(path):
+            continue
+        with open(path) as handle:
+            text = handle.read()
+        section = card_section(report, card, kind)
+        if CARD_SECTION_START in text and CARD_SECTION_END in text:
+            before, rest = text.split(CARD_SECTION_START, 1)
+            text = before + section + rest.split(CARD_SECTION_END, 1)[1]
+        else:
+            text = text.rstrip("\n") + "\n\n" + section + "\n"
+        with open(path, "w") as handle:
+            handle.write(text)
+        updated.append(path)
+    return updated
+
+
 def main(args) -> dict:
     from ..targets import load_target
 
@@ -273,6 +338,9 @@ def main(args) -> dict:
         handle.write(markdown_report(report, plots, os.path.dirname(os.path.abspath(markdown_path)), report["command"]))
     print(summary_table(report))
     print(f"\nresults: {args.output_dir}/results.json, report: {markdown_path}")
+    if args.update_model_cards:
+        for path in update_model_cards(report, args.drafters_dir):
+            print(f"model card updated: {path}")
     return report
 
 
@@ -286,3 +354,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--repeats", type=int, default=None, help="time each generation this many times (median)")
     parser.add_argument("--output-dir", default="benchmarks/latest", help="results.json and the PNG plots")
     parser.add_argument("--benchmarks-md", default=None, help="write the Markdown report here (e.g. BENCHMARKS.md)")
+    parser.add_argument(
+        "--update-model-cards", action="store_true",
+        help="rewrite the suite section of each drafter's model card README from this run",
+    )
