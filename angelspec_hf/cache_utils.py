@@ -49,15 +49,17 @@ class RaggedCache:
         """Tokens held per row: the position id of each row's next token."""
         return self.valid.sum(1)
 
-    def append(self, new_valid: torch.Tensor, causal: bool = True) -> torch.Tensor:
-        """Register `new_valid.shape[1]` columns about to be written by a forward; return its boolean attention mask
-        [B, 1, n, W + n] (True = attend). A query sees the valid keys of its row, earlier columns only if `causal`,
-        and always itself, so no query row is empty (an empty row would turn the padding's keys into NaN)."""
-        width, count = self.width, new_valid.shape[1]
+    def append(self, new_valid: torch.Tensor) -> None:
+        """Register `new_valid.shape[1]` columns about to be written by a forward (False: a hole from the start)."""
         self.valid = torch.cat([self.valid, new_valid.to(self.valid.device, torch.bool)], dim=1)
-        keys = torch.arange(width + count, device=self.valid.device)
-        queries = torch.arange(count, device=self.valid.device)[:, None] + width
-        order = keys[None, :] <= queries if causal else torch.ones(count, width + count, dtype=torch.bool, device=keys.device)
+
+    def attention_mask(self, count: int, causal: bool = True) -> torch.Tensor:
+        """Boolean attention mask [B, 1, count, W] (True = attend) of the last `count` columns as queries. A query sees
+        the valid keys of its row, earlier columns only if `causal`, and always itself, so no query row is empty
+        (an empty row would turn the padding's keys into NaN)."""
+        keys = torch.arange(self.width, device=self.valid.device)
+        queries = torch.arange(count, device=self.valid.device)[:, None] + self.width - count
+        order = keys[None, :] <= queries if causal else torch.ones(count, self.width, dtype=torch.bool, device=keys.device)
         return (self.valid[:, None, None, :] & order) | (keys[None, :] == queries)
 
     def position_ids(self, count: int, offset: int = 0) -> torch.LongTensor:

@@ -262,7 +262,8 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
             return new_token_ids[:, :0], self.draft_logits(self.norm(target_hidden[0][:, :0]))
         anchor = last_valid(new_token_ids, new_valid)[:, 0]
         positions = cache.position_ids(block)
-        mask = cache.append(new_valid.new_ones(batch, block), causal=False)  # bidirectional inside the block
+        cache.append(new_valid.new_ones(batch, block))
+        mask = cache.attention_mask(block, causal=False)  # bidirectional inside the block
         hidden = self.run_block(self.embed_tokens(self.block_ids(anchor)), positions, mask, cache.cache)
         hidden = hidden[:, 1 : num_tokens + 1]
         backbone_done = time.perf_counter()

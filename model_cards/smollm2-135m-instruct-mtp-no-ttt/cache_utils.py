@@ -49,15 +49,17 @@ class RaggedCache:
         """Tokens held per row: the position id of each row's next token."""
         return self.valid.sum(1)
 
-    def append(self, new_valid: torch.Tensor, causal: bool = True) -> torch.Tensor:
-        """Register `new_valid.shape[1]` columns about to be written by a forward; return its boolean attention mask
-        [B, 1, n, W + n] (True = attend). A query sees the valid keys of its row, earlier columns only if `causal`,
-        and always itself, so no query row is empty (an empty row would turn the padding's keys into NaN)."""
-        width, count = self.width, new_valid.shape[1]
+    def append(self, new_valid: torch.Tensor) -> None:
+        """Register `new_valid.shape[1]` columns about to be written by a forward (False: a hole from the start)."""
         self.valid = torch.cat([self.valid, new_valid.to(self.valid.device, torch.bool)], dim=1)
-        keys = torch.arange(width + count, device=self.valid.device)
-        queries = torch.arange(count, device=self.valid.device)[:, None] + width
-        order = keys[None, :] <= queries if causal else torch.ones(count, width + count, dtype=torch.bool, device=keys.device)
+
+    def attention_mask(self, count: int, causal: bool = True) -> torch.Tensor:
+        """Boolean attention mask [B, 1, count, W] (True = attend) of the last `count` columns as queries. A query sees
+        the valid keys of its row, earlier columns only if `causal`, and always itself, so no query row is empty
+        (an empty row would turn the padding's keys into NaN)."""
+        keys = torch.arange(self.width, device=self.valid.device)
+        queries = torch.arange(count, device=self.valid.device)[:, None] + self.width - count
+        order = keys[None, :] <= queries if causal else torch.ones(count, self.width, dtype=torch.bool, device=keys.device)
         return (self.valid[:, None, None, :] & order) | (keys[None, :] == queries)
 
     def position_ids(self, count: int, offset: int = 0) -> torch.LongTensor:
@@ -82,34 +84,37 @@ class RaggedCache:
         self.cache.batch_select_indices(rows.to(self.valid.device))
         self.valid = self.valid[rows.to(self.valid.device)]
 
-    def append_rows(self, other: "RaggedCache") -> None:
-        """Add the rows of `other` (joining requests) below ours, left-padding the narrower side with holes.
-        A side without tensors yet (nothing written) contributes all-hole rows."""
-        if other.batch_size == 0:
+    def append_rows(self, *others: "RaggedCache") -> None:
+        """Add the rows of `others` (joining requests) below ours, left-padding the narrower ones with holes, in one
+        copy per layer however many join. A cache without tensors yet (nothing written) contributes all-hole rows."""
+        parts = [cache for cache in (self, *others) if cache.batch_size]
+        if len(parts) <= 1:
+            if parts:
+                self.cache, self.valid = parts[0].cache, parts[0].valid
             return
-        if self.batch_size == 0:
-            self.cache, self.valid = other.cache, other.valid
-            return
-        width = max(self.width, other.width)
-        mine, theirs = self.tensors(width), other.tensors(width)
-        if mine or theirs:
-            holder = self if mine else other  # whose layer objects carry on
-            mine = mine or [tuple(t.new_zeros(self.batch_size, *t.shape[1:]) for t in pair) for pair in theirs]
-            theirs = theirs or [tuple(t.new_zeros(other.batch_size, *t.shape[1:]) for t in pair) for pair in mine]
-            if len(mine) != len(theirs):
-                raise ValueError(f"Cannot merge caches of {len(mine)} and {len(theirs)} layers")
-            for layer, (keys, values), (joining_keys, joining_values) in zip(holder.written_layers(), mine, theirs):
-                layer.keys = torch.cat([keys, joining_keys], dim=0)
-                layer.values = torch.cat([values, joining_values], dim=0)
+        width = max(cache.width for cache in parts)
+        tensors = [cache.tensors(width) for cache in parts]
+        written = [t for t in tensors if t]
+        if written:
+            if any(len(t) != len(written[0]) for t in written):
+                raise ValueError(f"Cannot merge caches of {sorted({len(t) for t in written})} layers")
+            template = written[0]
+            tensors = [t or [tuple(x.new_zeros(cache.batch_size, *x.shape[1:]) for x in pair) for pair in template]
+                       for cache, t in zip(parts, tensors)]
+            holder = next(cache for cache in parts if cache.written_layers())
+            for index, layer in enumerate(holder.written_layers()):  # the holder's layer objects carry on
+                layer.keys = torch.cat([t[index][0] for t in tensors], dim=0)
+                layer.values = torch.cat([t[index][1] for t in tensors], dim=0)
             self.cache = holder.cache
-        self.valid = torch.cat([self.pad_left(width), other.pad_left(width)], dim=0)
+        self.valid = torch.cat([cache.pad_left(width) for cache in parts], dim=0)
 
     def compact(self, max_waste: float = 0.5) -> None:
-        """Squeeze out the holes once they are more than `max_waste` of all columns: each row's tokens, in order,
-        move to its last `lengths[r]` columns (left-padded to the longest row)."""
-        if not self.width or self.valid.float().mean() >= 1 - max_waste:
+        """Squeeze out the holes once that frees more than `max_waste` of the columns: each row's tokens, in order,
+        move to its last `lengths[r]` columns (left-padded to the longest row). Holes that only left-pad shorter
+        rows cannot be freed, so they never trigger the copy."""
+        width = int(self.lengths.max()) if self.batch_size else 0
+        if not self.width or width >= (1 - max_waste) * self.width:
             return
-        width = int(self.lengths.max())
         # A stable sort of the 0/1 validity puts each row's holes first and keeps its tokens in order.
         order = torch.sort(self.valid.to(torch.int8), dim=1, stable=True).indices[:, self.width - width :]
         for layer in self.written_layers():

@@ -205,7 +205,8 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         batch, count = new_token_ids.shape
         new_valid = ragged_valid(new_lengths, batch, count, new_token_ids.device)
         positions = cache.position_ids(count, offset=1)  # slot t holds token x_{t+1}: its position is t + 1
-        mask = cache.append(new_valid)
+        cache.append(new_valid)
+        mask = cache.attention_mask(count)
         output = self.step(target_hidden[0], new_token_ids, positions, attention_mask=mask, past_key_values=cache.cache, use_cache=True)
         state.commit()
         hidden, logits, position = (last_valid(t, new_valid) for t in (output.last_hidden_state, output.logits, positions))
@@ -218,7 +219,8 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
                 if keep_drafting is not None and not keep_drafting():
                     break
                 position = position + 1
-                mask = cache.append(new_valid.new_ones(batch, 1))
+                cache.append(new_valid.new_ones(batch, 1))
+                mask = cache.attention_mask(1)
                 output = self.step(hidden, token, position, attention_mask=mask, past_key_values=cache.cache, use_cache=True)
                 hidden, logits = output.last_hidden_state, output.logits
         if not draft_ids:
