@@ -140,7 +140,7 @@ def test_dcut_estimate_keeps_positions_the_early_exit_did_not_reach():
     D-cut talks itself out of drafting); estimates never grow with depth."""
     target = make_target("llama", num_hidden_layers=2)
     engine = SpeculativeEngine(target, make_drafter("mtp", target, oracle=False), cost_model=flat_cost_model())
-    engine.round_first_draft_seconds = 0.01
+    engine.round_first_draft_seconds, engine.round_reads_backlog = 0.01, False
     engine._record_drafting(torch.tensor([[0.6, 0.3, 0.2], [0.4, 0.1, 0.0]], dtype=torch.float64))
     assert torch.allclose(engine.depth_confidence, torch.tensor([0.5, 0.2, 0.1], dtype=torch.float64))
     engine._record_drafting(torch.tensor([[0.0]], dtype=torch.float64))  # early exit after depth 1
@@ -150,9 +150,75 @@ def test_dcut_estimate_keeps_positions_the_early_exit_did_not_reach():
     assert engine.depth_confidence.tolist() == sorted(engine.depth_confidence.tolist(), reverse=True)
     assert engine.depth_confidence[2] > 0
     fresh = SpeculativeEngine(target, make_drafter("mtp", target, oracle=False), cost_model=flat_cost_model())
-    fresh.round_first_draft_seconds = 0.01
+    fresh.round_first_draft_seconds, fresh.round_reads_backlog = 0.01, True
     fresh._record_drafting(torch.tensor([[0.7]], dtype=torch.float64))  # first round: deeper positions start there
     assert fresh.depth_confidence.tolist() == pytest.approx([0.7, 0.7, 0.7])
+    assert fresh.first_draft_seconds is None and engine.first_draft_seconds == pytest.approx(0.01)
+
+
+def test_dcut_probes_less_often_while_drafting_keeps_not_paying():
+    from angelspec_hf.generation.engine import MAX_REPROBE_ROUNDS, REPROBE_ROUNDS
+
+    target = make_target("llama", num_hidden_layers=2)
+    engine = SpeculativeEngine(target, make_drafter("mtp", target, oracle=False), cost_model=flat_cost_model())
+    engine.depth_confidence = torch.zeros(3, dtype=torch.float64)
+    steep = [1.0, 2.0, 3.0, 4.0]
+    probes = [call for call in range(1, 400) if engine._drafting_expected_to_pay(1, steep)]
+    gaps = [later - earlier - 1 for earlier, later in zip([0] + probes, probes)]
+    assert gaps[:4] == [REPROBE_ROUNDS, 2 * REPROBE_ROUNDS, 4 * REPROBE_ROUNDS, 8 * REPROBE_ROUNDS]
+    assert max(gaps) == MAX_REPROBE_ROUNDS
+    engine.depth_confidence = torch.ones(3, dtype=torch.float64)  # drafting pays again: back to frequent probes
+    assert engine._drafting_expected_to_pay(1, [1.0, 1.1, 1.2, 1.3]) and engine.reprobe_interval == REPROBE_ROUNDS
+
+
+@pytest.mark.parametrize("kind", ["mtp", "dfly"])
+def test_rounds_without_drafting_leave_the_drafter_a_backlog_it_reads_at_once(kind, monkeypatch):
+    """Skipped rounds do not run the drafter; the next drafting round reads every token they verified in one call,
+    and drafts what a drafter that read them round by round drafts at the same point of the same request."""
+    target = make_target("llama", num_hidden_layers=2)
+    requests = mixed_requests(target.config.vocab_size, count=4, seed=11)
+
+    def drafts_by_point(skip_pattern):
+        torch.manual_seed(0)  # the same drafter weights in both runs
+        drafter = make_drafter(kind, target, oracle=False)
+        engine = SpeculativeEngine(target, drafter, max_batch_size=4, cost_model=flat_cost_model())
+        calls = {"rounds": 0, "proposals": 0}
+        original_propose = drafter.propose
+
+        def counting_propose(*args, **kwargs):
+            calls["proposals"] += 1
+            return original_propose(*args, **kwargs)
+
+        def pay(rows, widths):
+            calls["rounds"] += 1
+            return skip_pattern(calls["rounds"])
+
+        monkeypatch.setattr(drafter, "propose", counting_propose)
+        monkeypatch.setattr(engine, "_drafting_expected_to_pay", pay)
+        seen = {}
+        original_draft = engine._draft
+
+        def recording_draft():
+            before = [(row.request.request_id, len(row.output.output_ids)) for row in engine.rows]
+            drafts, logits, probabilities = original_draft()
+            for point, row_drafts in zip(before, drafts.tolist()):
+                if row_drafts:
+                    seen[point] = row_drafts
+            return drafts, logits, probabilities
+
+        monkeypatch.setattr(engine, "_draft", recording_draft)
+        outputs = engine.generate(requests)
+        return seen, [o.output_ids for o in outputs], calls
+
+    every_round, outputs, calls = drafts_by_point(lambda round_: True)
+    sparse, sparse_outputs, sparse_calls = drafts_by_point(lambda round_: round_ % 4 == 0)
+    assert sparse_outputs == outputs
+    assert sparse_calls["proposals"] < sparse_calls["rounds"] / 2  # skipped rounds did not run the drafter
+    common = set(every_round) & set(sparse)
+    assert len(common) >= 4
+    for point in common:  # how many tokens a round drafts depends on the batch around it: compare the common part
+        length = min(len(sparse[point]), len(every_round[point]))
+        assert sparse[point][:length] == every_round[point][:length], point
 
 
 def test_sampling_preserves_the_target_distribution():

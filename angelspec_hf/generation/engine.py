@@ -33,7 +33,8 @@ from ..metrics import SpeculationStats
 from .dcut import ConfidenceCalibrator, DraftRound, dcut_depths, load_cost_model, prefix_confidence
 
 PROFILED_ROWS = (1, 2, 4, 8, 16, 32, 64)
-REPROBE_ROUNDS = 8  # D-cut drafts at least once every this many rounds it skipped, to keep its estimate current
+REPROBE_ROUNDS = 8  # after this many rounds without drafting D-cut drafts once anyway, to keep its estimate current
+MAX_REPROBE_ROUNDS = 64  # the interval doubles up to this while those probes confirm that drafting does not pay
 
 
 @dataclass
@@ -203,8 +204,9 @@ class SpeculativeEngine:
         self.stats = EngineStats()
         self.step_seconds = 0.0  # one sequential drafting step, measured (optimistic 0 until measured)
         self.depth_confidence: torch.Tensor | None = None  # D-cut's running estimate before drafting
-        self.first_draft_seconds = 0.0  # running estimate: drafter reading the verified tokens + its first step
+        self.first_draft_seconds: float | None = None  # running estimate: reading the verified tokens + first step
         self.rounds_without_draft = 0
+        self.reprobe_interval = REPROBE_ROUNDS
 
     # -- public API -----------------------------------------------------------------------------------------------
 
@@ -327,16 +329,9 @@ class SpeculativeEngine:
         """Every row's drafts [B, K] (target vocabulary), their draft logits and the draft probability of each
         chosen token; K = 0 without a drafter, or when D-cut sees that no draft could pay for its verification."""
         batch = len(self.rows)
+        no_drafts = torch.zeros(batch, 0, dtype=torch.long, device=self.device), None, torch.zeros(batch, 0)
         if self.drafter is None:
-            return torch.zeros(batch, 0, dtype=torch.long, device=self.device), None, torch.zeros(batch, 0)
-        drafting = DraftRound()
-        count = max(len(row.pending_tokens) for row in self.rows)
-        lengths = torch.tensor([len(row.pending_tokens) for row in self.rows], device=self.device)
-        tokens = torch.tensor([row.pending_tokens + [0] * (count - len(row.pending_tokens)) for row in self.rows], device=self.device)
-        hidden = tuple(
-            torch.stack([torch.nn.functional.pad(row.pending_hidden[i], (0, 0, 0, count - len(row.pending_tokens))) for row in self.rows])
-            for i in range(len(self.hidden_indices))
-        )
+            return no_drafts
         budget = max(row.remaining for row in self.rows) - 1
         num_tokens = max(0, min(self.max_draft, budget))
         verify = None
@@ -346,6 +341,17 @@ class SpeculativeEngine:
             if num_tokens and not self._drafting_expected_to_pay(batch, widths):
                 num_tokens = 0
                 self.stats.skipped_drafts += 1
+        if num_tokens == 0:  # the verified tokens wait: the drafter reads them all at once when it next drafts
+            return no_drafts
+        drafting = DraftRound()
+        count = max(len(row.pending_tokens) for row in self.rows)
+        self.round_reads_backlog = count > self.max_draft + 1  # after skipped rounds, or a joining prompt
+        lengths = torch.tensor([len(row.pending_tokens) for row in self.rows], device=self.device)
+        tokens = torch.tensor([row.pending_tokens + [0] * (count - len(row.pending_tokens)) for row in self.rows], device=self.device)
+        hidden = tuple(
+            torch.stack([torch.nn.functional.pad(row.pending_hidden[i], (0, 0, 0, count - len(row.pending_tokens))) for row in self.rows])
+            for i in range(len(self.hidden_indices))
+        )
         temperatures = torch.tensor([row.request.temperature if row.request.do_sample else 1.0 for row in self.rows], device=self.device)
 
         def choose(logits: torch.Tensor) -> torch.LongTensor:
@@ -377,36 +383,45 @@ class SpeculativeEngine:
 
     def _drafting_expected_to_pay(self, rows: int, widths: list[float]) -> bool:
         """D-cut before drafting: with the mean calibrated confidence of each draft position over recent rounds
-        (ĉ_k) and the drafting time of m tokens (first step, ingest included, plus m − 1 measured steps), would any
-        verify width beat a round without drafts? While it would not, the round skips drafting (the drafter still
-        reads the verified tokens); every `REPROBE_ROUNDS` skipped rounds one round drafts anyway, so the estimate
-        follows drift in acceptance and batch size."""
-        if self.depth_confidence is None or self.rounds_without_draft >= REPROBE_ROUNDS:
+        (ĉ_k) and the drafting time of m tokens (first step plus m − 1 measured steps), would any verify width beat
+        a round without drafts? While it would not, rounds skip drafting altogether. A skipped round re-probes
+        after `reprobe_interval` of them, so the estimate follows drift in acceptance and batch size; the interval
+        doubles (up to `MAX_REPROBE_ROUNDS`) while probes keep confirming that drafting does not pay."""
+        if self.depth_confidence is None:
+            return True
+        if self.rounds_without_draft >= self.reprobe_interval:
             self.rounds_without_draft = 0
+            self.reprobe_interval = min(2 * self.reprobe_interval, MAX_REPROBE_ROUNDS)
             return True
         no_draft = rows / widths[0]
         expected = rows * (1 + self.depth_confidence.cumsum(0))
+        first_step = self.step_seconds if self.first_draft_seconds is None else self.first_draft_seconds
         pays = any(
-            float(expected[m - 1]) / (self.first_draft_seconds + (m - 1) * self.step_seconds + widths[m]) > no_draft
+            float(expected[m - 1]) / (first_step + (m - 1) * self.step_seconds + widths[m]) > no_draft
             for m in range(1, len(widths))
         )
-        self.rounds_without_draft = 0 if pays else self.rounds_without_draft + 1
+        if pays:
+            self.rounds_without_draft, self.reprobe_interval = 0, REPROBE_ROUNDS
+        else:
+            self.rounds_without_draft += 1
         return pays
 
     def _record_drafting(self, calibrated: torch.Tensor) -> None:
         """Exponential averages of the per-position mean calibrated confidence and of the first drafting step's time.
         Only drafted positions are averaged: a position the early exit did not reach keeps its estimate (the first
-        time, that of the deepest drafted one), capped so that the estimates never grow with depth."""
+        time, that of the deepest drafted one), capped so that the estimates never grow with depth. A round that read
+        a backlog (a new prompt, or tokens left by skipped rounds) says nothing about a usual first step's time."""
         drafted = calibrated.shape[1]
         mean = calibrated.mean(0)
         if self.depth_confidence is None:
             self.depth_confidence = mean[-1].repeat(self.max_draft)
             self.depth_confidence[:drafted] = mean
-            self.first_draft_seconds = self.round_first_draft_seconds
         else:
             self.depth_confidence[:drafted] = 0.8 * self.depth_confidence[:drafted] + 0.2 * mean
-            self.first_draft_seconds = 0.8 * self.first_draft_seconds + 0.2 * self.round_first_draft_seconds
         self.depth_confidence = self.depth_confidence.cummin(0).values
+        if not self.round_reads_backlog:
+            first = self.round_first_draft_seconds
+            self.first_draft_seconds = first if self.first_draft_seconds is None else 0.8 * self.first_draft_seconds + 0.2 * first
 
     def _depths(self, drafts: torch.Tensor, probabilities: torch.Tensor) -> list[int]:
         """Drafted tokens to verify per row: fixed, or D-cut's global ranking; never past a row's length limit."""
@@ -452,9 +467,12 @@ class SpeculativeEngine:
             verified_accepted.append(torch.arange(depth) < accepted)
             row.emit(new_tokens)
             row.next_token = bonus
-            if self.hidden_indices:
-                row.pending_hidden = tuple(out.hidden_states[i][r, : accepted + 1] for i in self.hidden_indices)
-                row.pending_tokens = new_tokens
+            if self.hidden_indices:  # appended: a round without drafting leaves the earlier ones unread
+                row.pending_hidden = tuple(
+                    torch.cat([*row.pending_hidden[j : j + 1], out.hidden_states[i][r, : accepted + 1]])
+                    for j, i in enumerate(self.hidden_indices)
+                )
+                row.pending_tokens = row.pending_tokens + new_tokens
         self.cache.keep_last(keep)
         if self.fixed_depth is None and self.drafter is not None and max(depths):  # one calibration step per round
             self.calibrator.update(torch.cat(verified_confidence), torch.cat(verified_accepted))
