@@ -324,22 +324,30 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+METHOD_COLUMNS = ("method", "τ", "tokens/s", "speedup vs AR", "identical to AR", "near-tie divergences", "acceptance by depth")
+
+
+def method_row(method: dict, *leading: str) -> str:
+    """One method's Markdown row under `METHOD_COLUMNS` (after any `leading` cells)."""
+    if method.get("failed"):
+        cells = [method["name"], f"failed: {method['error']}"] + [""] * (len(METHOD_COLUMNS) - 2)
+    else:
+        cells = [
+            method["name"], f"{method['tau']:.2f}", f"{method['tokens_per_s']:.1f}", f"{method['speedup']:.2f}×",
+            f"{method['identical']}/{method['prompts']}", str(method["near_tie_divergences"]),
+            ", ".join(f"{rate:.2f}" for rate in method["acceptance_by_depth"]) or "—",
+        ]
+    return "| " + " | ".join([*leading, *cells]) + " |"
+
+
+def method_table_header(*leading: str) -> list[str]:
+    columns = [*leading, *METHOD_COLUMNS]
+    return ["| " + " | ".join(columns) + " |", "| " + " | ".join("---" for _ in columns) + " |"]
+
+
 def markdown_table(results: dict) -> str:
     """The results as a Markdown table (model cards and BENCHMARKS.md take their numbers from here)."""
-    lines = [
-        "| method | τ | tokens/s | speedup vs AR | identical to AR | near-tie divergences | acceptance by depth |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for method in results["methods"]:
-        if method.get("failed"):
-            lines.append(f"| {method['name']} | failed: {method['error']} | | | | | |")
-            continue
-        depths = ", ".join(f"{rate:.2f}" for rate in method["acceptance_by_depth"]) or "—"
-        lines.append(
-            f"| {method['name']} | {method['tau']:.2f} | {method['tokens_per_s']:.1f} | {method['speedup']:.2f}× | "
-            f"{method['identical']}/{method['prompts']} | {method['near_tie_divergences']} | {depths} |"
-        )
-    return "\n".join(lines)
+    return "\n".join(method_table_header() + [method_row(method) for method in results["methods"]])
 
 
 def prompt_lookup_method(num_tokens: int) -> Method:

@@ -18,8 +18,8 @@ import statistics
 from dataclasses import dataclass
 
 from .bench import (
-    Method, assisted_heuristic_method, drafter_methods, load_drafter, machine_state, markdown_table, prompt_lookup_method,
-    run_benchmark,
+    Method, assisted_heuristic_method, drafter_methods, load_drafter, machine_state, markdown_table, method_row,
+    method_table_header, prompt_lookup_method, run_benchmark,
 )
 from .engine_bench import format_engine_table, run_engine_benchmark
 
@@ -268,21 +268,13 @@ def card_section(report: dict, card: str, kind: str) -> str:
         f"{report['size']['prompts_per_domain']} prompts per domain, {report['size']['max_new_tokens']} new tokens, greedy, "
         f"{report['machine']['threads']} torch thread(s)); all methods of that run are in [BENCHMARKS.md](../../BENCHMARKS.md).",
         "",
-        "| domain | method | τ | tokens/s | speedup vs AR | identical to AR | acceptance by position |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        *method_table_header("domain"),
     ]
     for domain, result in report["domains"].items():
-        for method in result["methods"]:
-            if method["name"].partition(":")[2].partition("[")[0] != card:  # "kind:card[schedule]"
-                continue
-            if method.get("failed"):
-                lines.append(f"| {domain} | {method['name']} | failed: {method['error']} | | | | |")
-                continue
-            depths = ", ".join(f"{rate:.2f}" for rate in method["acceptance_by_depth"]) or "—"
-            lines.append(
-                f"| {domain} | {method['name']} | {method['tau']:.2f} | {method['tokens_per_s']:.1f} | "
-                f"{method['speedup']:.2f}× | {method['identical']}/{method['prompts']} | {depths} |"
-            )
+        lines += [
+            method_row(method, domain) for method in result["methods"]
+            if method["name"].partition(":")[2].partition("[")[0] == card  # "kind:card[schedule]"
+        ]
     engine_rows = [
         (level["concurrency"], run) for level in report["engine"]["concurrency"] for run in level["runs"]
         if run["name"] == "batched-ar" or run["name"].startswith(f"{kind}[")
