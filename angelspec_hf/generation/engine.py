@@ -4,7 +4,8 @@ transformers' `generate()` runs speculative decoding one sequence at a time. Thi
 once on plain transformers models and caches, one round at a time:
 
     admit   waiting requests join while the batch has room (prefilled on their own, then merged in)
-    draft   the drafter proposes for every row in one batched call (its cache is ragged like the target's)
+    draft   the drafter reads the tokens verified since it last ran and proposes for every row in one batched
+            call (its cache is ragged like the target's); skipped when D-cut expects no draft to pay this round
     cut     D-cut ranks all drafted tokens of all rows by calibrated confidence and keeps the set that maximises
             expected tokens per second under this machine's verify-cost profile (or a fixed depth per row)
     verify  one target forward over [bonus, kept drafts] of every row, padded to the widest row
