@@ -118,16 +118,23 @@ def test_untrained_drafter_with_dcut_is_lossless_and_reports_stats():
     assert engine.stats.peak_cache_bytes > 0 and engine.stats.rounds > 0
 
 
-def test_dcut_skips_drafting_when_verification_cannot_pay():
+@pytest.mark.parametrize("kind", ["mtp", "dfly"])
+def test_dcut_skips_drafting_when_verification_cannot_pay(kind):
     """A cost model where a second verified token doubles the cost: after the first round D-cut stops drafting
-    (re-probing once every REPROBE_ROUNDS rounds), verifies no draft, and decodes as AR."""
+    (re-probing now and then), verifies no draft, and decodes as AR — while requests leave and join rows whose
+    drafter has not run yet."""
     from angelspec_hf.generation.engine import REPROBE_ROUNDS
 
     target = make_target("llama", num_hidden_layers=2)
-    requests = mixed_requests(target.config.vocab_size, count=4, seed=2)
+    requests = mixed_requests(target.config.vocab_size, count=9, seed=2)
+    # The rows of the first (drafting) round leave before any re-probe, while a row that joined meanwhile stays:
+    # the drafter's cache then holds only holes, compacts to no columns, and more rows join it.
+    for request, limit in zip(requests, [2, 5, 5] + [24] * 6):
+        request.max_new_tokens = limit
+        request.eos_token_id = -1  # no early stop: the limits above decide who leaves when
     references = solo_outputs(target, requests)
     steep = VerifyCostModel(rows=[1], tokens=[1, 2, 32], seconds=[[1.0, 2.0, 32.0]], context=128)
-    engine = SpeculativeEngine(target, make_drafter("mtp", target, oracle=False), max_batch_size=4, cost_model=steep)
+    engine = SpeculativeEngine(target, make_drafter(kind, target, oracle=False), max_batch_size=3, cost_model=steep)
     outputs = engine.generate(requests)
     assert [o.output_ids for o in outputs] == [references[r.request_id] for r in requests]
     drafting_rounds = 1 + engine.stats.rounds // (REPROBE_ROUNDS + 1) + len(requests)  # first, re-probes, last ones
@@ -290,6 +297,21 @@ def test_ragged_cache_does_not_copy_for_holes_it_cannot_free():
     before = cache.cache.layers[0].keys
     cache.compact()
     assert cache.cache.layers[0].keys is before and cache.width == 8
+
+
+def test_ragged_cache_rows_joining_a_cache_compacted_to_no_columns():
+    """Rows that never wrote a token (their drafter has not run yet) left alone in the cache: compaction leaves zero
+    columns, and rows joining afterwards must still grow the tensors' batch, or the next write cannot fit."""
+    cache = RaggedCache(2)
+    keys = torch.zeros(2, 1, 4, 1)
+    cache.cache.update(keys, keys.clone(), 0)
+    cache.append(torch.zeros(2, 4, dtype=torch.bool))
+    cache.compact()
+    assert cache.width == 0 and cache.cache.layers[0].keys.shape == (2, 1, 0, 1)
+    cache.append_rows(RaggedCache(3))
+    assert cache.batch_size == 5 and cache.cache.layers[0].keys.shape == (5, 1, 0, 1)
+    cache.cache.update(torch.ones(5, 1, 2, 1), torch.ones(5, 1, 2, 1), 0)  # the next forward writes every row
+    assert cache.cache.layers[0].keys.shape == (5, 1, 2, 1)
 
 
 @pytest.mark.parametrize("kind", ["mtp", "dfly"])
