@@ -130,8 +130,9 @@ class RaggedCache:
     # -- helpers ------------------------------------------------------------------------------------------------------
 
     def written_layers(self) -> list:
-        """The cache layers that hold tensors (a layer is created empty and filled by the first forward)."""
-        return [layer for layer in self.cache.layers if getattr(layer, "keys", None) is not None and layer.keys.numel()]
+        """The cache layers that hold [B, heads, columns, dim] tensors (a layer is created empty and filled by the
+        first forward). Zero columns still count: such a layer has a batch size that row surgery must keep right."""
+        return [layer for layer in self.cache.layers if getattr(layer, "keys", None) is not None and layer.keys.dim() == 4]
 
     def tensors(self, width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each written layer's (keys, values), left-padded with zero columns to `width`."""
