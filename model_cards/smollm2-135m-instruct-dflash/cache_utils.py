@@ -81,8 +81,10 @@ class RaggedCache:
         if not rows.numel():  # nobody left: start afresh
             self.cache, self.valid = DynamicCache(), self.valid.new_zeros(0, 0)
             return
-        self.cache.batch_select_indices(rows.to(self.valid.device))
-        self.valid = self.valid[rows.to(self.valid.device)]
+        rows = rows.to(self.valid.device)
+        for layer in self.written_layers():  # not `DynamicCache.batch_select_indices`: it skips zero-column layers
+            layer.keys, layer.values = layer.keys[rows], layer.values[rows]
+        self.valid = self.valid[rows]
 
     def append_rows(self, *others: "RaggedCache") -> None:
         """Add the rows of `others` (joining requests) below ours, left-padding the narrower ones with holes, in one
