@@ -212,9 +212,13 @@ class DraftRound:
         self.probabilities.append(chosen_probabilities)
         self.finished_at.append(time.perf_counter())
 
+    def chosen_probabilities(self) -> torch.Tensor:
+        """The draft probabilities so far, [rows, steps], on the CPU."""
+        return torch.stack(self.probabilities, 1).cpu()
+
     def raw_confidence(self) -> torch.Tensor:
         """Prefix products of the draft probabilities so far, [rows, steps]."""
-        return prefix_confidence(torch.stack(self.probabilities, 1).cpu())
+        return prefix_confidence(self.chosen_probabilities())
 
     def step_seconds(self, previous: float) -> float:
         """Mean time of a drafting step after the first (`previous` until two steps are measured)."""

@@ -379,7 +379,7 @@ class SpeculativeEngine:
         self.round_draft_seconds = time.perf_counter() - drafting.start
         self.round_first_draft_seconds = drafting.first_step_seconds()
         self.stats.phase_seconds["draft"] += self.round_draft_seconds
-        probabilities = torch.stack(drafting.probabilities, 1).cpu() if drafting.probabilities else torch.zeros(batch, 0)
+        probabilities = drafting.chosen_probabilities() if drafting.probabilities else torch.zeros(batch, 0)
         return draft_ids, logits, probabilities[:, : draft_ids.shape[1]]
 
     def _drafting_expected_to_pay(self, rows: int, widths: list[float]) -> bool:
@@ -429,8 +429,9 @@ class SpeculativeEngine:
         caps = [max(0, min(drafts.shape[1], row.remaining - 1)) for row in self.rows]
         if self.fixed_depth is not None or not drafts.shape[1]:
             return [min(cap, self.fixed_depth or 0) for cap in caps]
-        self._record_drafting(self.calibrator(prefix_confidence(probabilities)))
-        confidences = [self.calibrator(prefix_confidence(p[:cap])) for p, cap in zip(probabilities, caps)]
+        calibrated = self.calibrator(prefix_confidence(probabilities))  # a prefix's values do not depend on what follows
+        self._record_drafting(calibrated)
+        confidences = [row[:cap] for row, cap in zip(calibrated, caps)]
         return dcut_depths(confidences, self.verify_seconds, self.round_draft_seconds)
 
     def _verify(self, drafts, draft_logits, probabilities, depths: list[int]) -> None:
