@@ -8,7 +8,7 @@ import torch
 from conftest import ARCHITECTURES, make_target
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
-from angelspec_hf.benchmark.bench import assisted_heuristic_method, early_exit_assistant
+from angelspec_hf.benchmark.bench import METHOD_COLUMNS, assisted_heuristic_method, early_exit_assistant
 from angelspec_hf.cli import main as cli_main
 
 
@@ -69,6 +69,15 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
     printed = capsys.readouterr().out
     assert "mtp:drafter[dcut]" in printed and "| transformers-dflash:dflash |" in printed
     assert "foreign" in printed and "FAILED" in printed
+    row = next(line for line in printed.splitlines() if line.startswith("| dflash:dflash[fixed-2] |"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert len(cells) == len(METHOD_COLUMNS)
+    draft, target_share, other = (float(share) for share in cells[METHOD_COLUMNS.index("time: draft / target / other")].rstrip(" %").split(" / "))
+    assert draft > 0 and target_share > 0 and abs(draft + target_share + other - 100) <= 2  # percentages, rounded
+    assert cells[METHOD_COLUMNS.index("divergences (near-tie)")] == "0 (0)"
+    lookup_row = next(line for line in printed.splitlines() if line.startswith("| prompt-lookup[3] |"))
+    assert "| — / " in lookup_row  # transformers' own drafting is not timed apart
+    assert float(cells[METHOD_COLUMNS.index("peak RSS MiB")]) > 0
 
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)

@@ -143,7 +143,8 @@ class MethodResult:
         """Share of wall time in drafting (by phase where the drafter reports phases), target forwards, the rest."""
         if not self.seconds:
             return {}
-        phases = self.stats.phase_seconds or {"draft": self.stats.draft_seconds}
+        # transformers' own drafters (prompt lookup, assistant models) are not timed apart: their drafting is "other"
+        phases = self.stats.phase_seconds or ({"draft": self.stats.draft_seconds} if self.stats.draft_seconds else {})
         split = {name: seconds / self.seconds for name, seconds in phases.items()}
         split["target_forward"] = self.target_seconds / self.seconds
         split["other"] = max(0.0, 1.0 - sum(split.values()))
@@ -324,7 +325,21 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-METHOD_COLUMNS = ("method", "τ", "tokens/s", "speedup vs AR", "identical to AR", "near-tie divergences", "acceptance by depth")
+METHOD_COLUMNS = (
+    "method", "τ", "tokens/s", "speedup vs AR", "identical to AR", "divergences (near-tie)",
+    "time: draft / target / other", "peak RSS MiB", "acceptance by depth",
+)
+
+
+def _time_split_cell(split: dict[str, float]) -> str:
+    """Percent of wall time drafting (all drafter phases; "—" where drafting is not timed apart), in target forwards,
+    and the rest."""
+    if not split:
+        return "—"
+    target, other = split.get("target_forward", 0.0), split.get("other", 0.0)
+    drafting = [share for phase, share in split.items() if phase not in ("target_forward", "other")]
+    draft = f"{100 * sum(drafting):.0f}" if drafting else "—"
+    return f"{draft} / {100 * target:.0f} / {100 * other:.0f} %"
 
 
 def method_row(method: dict, *leading: str) -> str:
@@ -334,7 +349,8 @@ def method_row(method: dict, *leading: str) -> str:
     else:
         cells = [
             method["name"], f"{method['tau']:.2f}", f"{method['tokens_per_s']:.1f}", f"{method['speedup']:.2f}×",
-            f"{method['identical']}/{method['prompts']}", str(method["near_tie_divergences"]),
+            f"{method['identical']}/{method['prompts']}", f"{method['divergences']} ({method['near_tie_divergences']})",
+            _time_split_cell(method["time_split"]), f"{method['peak_rss_mib']:.0f}",
             ", ".join(f"{rate:.2f}" for rate in method["acceptance_by_depth"]) or "—",
         ]
     return "| " + " | ".join([*leading, *cells]) + " |"
