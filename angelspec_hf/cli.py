@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    args.command_line = "angelspec " + " ".join(argv)
+    threads = [f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"] if "OMP_NUM_THREADS" in os.environ else []  # timings depend on it
+    args.command_line = " ".join([*threads, "angelspec", *argv])
     args.func(args)
 
 
