@@ -113,7 +113,7 @@ def test_engine_bench_reports_every_policy_at_every_concurrency(smollm2_tokenize
     cli_main([
         "bench", "--target", str(tmp_path / "target"), "--drafter", f"{tmp_path / 'mtp'}@fixed-1,fixed-3,dcut",
         "--drafter", f"{tmp_path / 'dfly'}@fixed-4,dcut", "--prompts", str(prompts), "--max-new-tokens", "6",
-        "--concurrency", "1,4", "--min-requests", "5", "--output", str(output),
+        "--concurrency", "1,4", "--min-requests", "5", "--repeats", "2", "--output", str(output),
     ])
     report = json.loads(output.read_text())
     assert [level["concurrency"] for level in report["concurrency"]] == [1, 4]
@@ -126,6 +126,9 @@ def test_engine_bench_reports_every_policy_at_every_concurrency(smollm2_tokenize
                 assert math.isfinite(run[key]) and run[key] >= 0, (run["name"], key)
             assert run["identical_fraction"] == 1.0 and not run["errors"]
             assert run["peak_rows"] == level["concurrency"] and run["generated_tokens"] > 0
+            repeats = run["repeat_tokens_per_s"]  # the runs took turns; the median of both repeats counts
+            assert len(repeats) == 2 and run["tokens_per_s"] == pytest.approx(sum(repeats) / 2)
+        assert level["runs"][0]["speedup"] == 1.0
     assert set(report["summary"]) == {"mtp", "dfly"} and "4" in report["summary"]["mtp"]["dcut_vs_best_fixed"]
     assert report["verify_cost"]["rows"] == [1, 2, 4]
     assert "| 4 | mtp[dcut] |" in capsys.readouterr().out

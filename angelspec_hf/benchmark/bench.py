@@ -64,6 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also run transformers' assisted generation (heuristic schedule) with an assistant made of the target's "
         "first N layers (0: off)",
     )
+    parser.add_argument(
+        "--repeats", type=int, default=1,
+        help="time each generation (engine: each run, taking turns) this many times and report the median",
+    )
     parser.add_argument("--output", default=None, help="write results as JSON here")
     parser.add_argument("--markdown", action="store_true", help="also print the results as a Markdown table")
 
@@ -451,7 +455,7 @@ def main(args: argparse.Namespace) -> dict:
             with open(args.output, "w") as handle:
                 json.dump(report, handle, indent=2)
         return report
-    results = run_benchmark(target.model, target.tokenizer, methods, prompts, args.max_new_tokens)
+    results = run_benchmark(target.model, target.tokenizer, methods, prompts, args.max_new_tokens, repeats=args.repeats)
     results["prompts"] = args.prompts
     results["command"] = getattr(args, "command_line", None)
     print(format_table(results))

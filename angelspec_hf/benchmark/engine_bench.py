@@ -4,12 +4,14 @@ At each concurrency C the same requests (the first `max(C, --min-requests)` prom
 run through batched AR and through every drafter with every policy (fixed depths and D-cut), C at a time with
 continuous refill. Reported per run: output tokens/s (prefill included: it is part of serving), speedup over batched
 AR at that concurrency, decode tokens/s (prefill excluded), τ, acceptance by depth, identical fraction against
-batched AR, time split, peak KV-cache bytes and peak resident memory (sampled every round).
+batched AR, time split, peak KV-cache bytes and peak resident memory (sampled every round). With `--repeats N` the
+methods take turns N times and tokens/s is each one's median.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 import torch
 from tqdm.auto import tqdm
@@ -47,9 +49,11 @@ def engine_run(target, drafter, policy: str, requests: list[Request], concurrenc
 
 def run_engine_benchmark(
     target, tokenizer, drafters: list[tuple[str, object, tuple[str, ...]]], prompts: list[str], concurrencies: list[int],
-    max_new_tokens: int, min_requests: int = 8,
+    max_new_tokens: int, min_requests: int = 8, repeats: int = 1,
 ) -> dict:
-    """Batched AR and every (drafter, policy) at every concurrency, on the same requests."""
+    """Batched AR and every (drafter, policy) at every concurrency, on the same requests. With `repeats` > 1 the
+    runs of a concurrency take turns, so a drift in the machine's speed touches every method alike, and each method
+    reports its median tokens/s; its other metrics are those of its median-speed repeat."""
     encoded = [encode_chat(tokenizer, prompt) for prompt in prompts]
     needed = max(max(concurrencies), min_requests)
     if len(encoded) < needed:
@@ -58,30 +62,47 @@ def run_engine_benchmark(
     rows = sorted({r for r in PROFILED_ROWS if r < max(concurrencies)} | set(concurrencies))
     cost_model = load_cost_model(target, rows=rows) if any("dcut" in p for _, _, p in drafters) else None
     warm = [Request(encoded[0], max_new_tokens=4)]
+    SpeculativeEngine(target, None, max_batch_size=1).generate(warm)
     for _, drafter, policies in drafters:
         for policy in policies:
             SpeculativeEngine(target, drafter, policy=policy, max_batch_size=1, cost_model=cost_model).generate(warm)
+    methods = [("batched-ar", None, "dcut")] + [
+        (f"{name}[{policy}]", drafter, policy) for name, drafter, policies in drafters for policy in policies
+    ]
     levels = []
     for concurrency in tqdm(concurrencies, desc="concurrency"):
         requests = [Request(ids, max_new_tokens=max_new_tokens, request_id=i) for i, ids in enumerate(encoded[: max(concurrency, min_requests)])]
-        ar, reference = engine_run(target, None, "dcut", requests, concurrency)
-        ar["name"], ar["speedup"], ar["identical_fraction"] = "batched-ar", 1.0, 1.0
-        runs = [ar]
-        for name, drafter, policies in drafters:
-            for policy in policies:
-                metrics, outputs = engine_run(target, drafter, policy, requests, concurrency, cost_model)
-                metrics["name"] = f"{name}[{policy}]"
-                metrics["speedup"] = metrics["tokens_per_s"] / ar["tokens_per_s"] if ar["tokens_per_s"] else 0.0
-                same = sum(o.output_ids == r.output_ids for o, r in zip(outputs, reference))
-                metrics["identical_fraction"] = same / len(outputs)
-                if "dcut" in policy:
-                    metrics["calibration"] = drafter.dcut_calibrator.table()
-                runs.append(metrics)
-        levels.append({"concurrency": concurrency, "requests": len(requests), "runs": runs})
-    report = {"max_new_tokens": max_new_tokens, "concurrency": levels, "summary": summarize(levels)}
+        timed: dict[str, list] = {name: [] for name, _, _ in methods}
+        for _ in range(repeats):
+            for name, drafter, policy in methods:
+                timed[name].append(engine_run(target, drafter, policy, requests, concurrency, cost_model if drafter else None))
+        reference = timed["batched-ar"][0][1]
+        runs = []
+        for name, drafter, policy in methods:
+            metrics = _median_repeat([metrics for metrics, _ in timed[name]])
+            outputs = [output for _, repeat in timed[name] for output in repeat]
+            same = sum(o.output_ids == r.output_ids for o, r in zip(outputs, reference * repeats))
+            metrics.update(name=name, identical_fraction=same / len(outputs))
+            if drafter is not None and "dcut" in policy:
+                metrics["calibration"] = drafter.dcut_calibrator.table()
+            runs.append(metrics)
+        for metrics in runs:
+            metrics["speedup"] = metrics["tokens_per_s"] / runs[0]["tokens_per_s"] if runs[0]["tokens_per_s"] else 0.0
+        levels.append({"concurrency": concurrency, "requests": len(requests), "repeats": repeats, "runs": runs})
+    report = {"max_new_tokens": max_new_tokens, "repeats": repeats, "concurrency": levels, "summary": summarize(levels)}
     if cost_model is not None:
         report["verify_cost"] = dataclasses.asdict(cost_model)
     return report
+
+
+def _median_repeat(repeats: list[dict]) -> dict:
+    """The metrics of the median-speed repeat, with tokens/s and decode tokens/s the medians over all repeats."""
+    ordered = sorted(repeats, key=lambda metrics: metrics["tokens_per_s"])
+    metrics = dict(ordered[(len(ordered) - 1) // 2])
+    for key in ("tokens_per_s", "decode_tokens_per_s"):
+        metrics[key] = statistics.median(repeat[key] for repeat in repeats)
+    metrics["repeat_tokens_per_s"] = [repeat["tokens_per_s"] for repeat in repeats]
+    return metrics
 
 
 def summarize(levels: list[dict]) -> dict:
@@ -131,7 +152,8 @@ def format_engine_table(report: dict) -> str:
 def main(args, target, drafters, prompts: list[str]) -> dict:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     report = run_engine_benchmark(
-        target.model, target.tokenizer, drafters, prompts, concurrencies, args.max_new_tokens, args.min_requests
+        target.model, target.tokenizer, drafters, prompts, concurrencies, args.max_new_tokens, args.min_requests,
+        repeats=args.repeats,
     )
     report["command"] = getattr(args, "command_line", None)
     report["threads"] = torch.get_num_threads()
