@@ -75,7 +75,7 @@ def run_engine_benchmark(
         timed: dict[str, list] = {name: [] for name, _, _ in methods}
         for _ in range(repeats):
             for name, drafter, policy in methods:
-                timed[name].append(engine_run(target, drafter, policy, requests, concurrency, cost_model if drafter else None))
+                timed[name].append(engine_run(target, drafter, policy, requests, concurrency, cost_model if drafter is not None else None))
         reference = timed["batched-ar"][0][1]
         runs = []
         for name, drafter, policy in methods:
