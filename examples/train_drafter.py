@@ -18,7 +18,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 import yaml  # noqa: E402
 from transformers import HfArgumentParser, TrainingArguments, set_seed  # noqa: E402
-from transformers.trainer_utils import get_last_checkpoint  # noqa: E402
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, load_target  # noqa: E402
 from angelspec_hf.prompts import encode_chat, load_prompts  # noqa: E402
@@ -27,6 +26,7 @@ from angelspec_hf.training import (  # noqa: E402
     AngelSpecTrainer,
     PackedCollator,
     build_training_dataset,
+    last_complete_checkpoint,
     precompute_hidden_states,
 )
 from angelspec_hf.training.regenerate import read_responses  # noqa: E402
@@ -150,7 +150,8 @@ def main(argv: list[str]) -> None:
         target=target.model,
     )
     print(f"world size {trainer.accelerator.num_processes}, {len(dataset)} packed rows", flush=True)
-    last = get_last_checkpoint(training_args.output_dir) if os.path.isdir(training_args.output_dir) else None
+    # A checkpoint killed mid-save is never resumed from: saves are atomic, incomplete leftovers are skipped.
+    last = last_complete_checkpoint(training_args.output_dir)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint or last)
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json with the whole log history, acceptance measurements included

@@ -9,9 +9,13 @@ Pipeline (all `datasets`, so every stage is cached on disk and memory-mapped):
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import warnings
 
 import datasets
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -79,12 +83,115 @@ def target_hidden_states(target, input_ids: torch.Tensor, position_ids: torch.Te
     return [output.hidden_states[i] for i in indices]
 
 
+HIDDEN_STATE_BOUND = float(torch.finfo(torch.float16).max)
+"""Largest |value| a hidden-state cache may hold: float16's range (65504). The default float16 cache cannot hold more
+and real LMs stay far below it (even their rare "massive activations" are ~1e3-1e4), so a value beyond it, or one that
+is not finite, is damage (a float32 cache overwritten with 1e30, a float16 one with inf or NaN)."""
+
+
+class UnusableCacheError(Exception):
+    """A hidden-state cache that must be recomputed; the message says why."""
+
+
+def target_fingerprint(target) -> str:
+    """sha256 of the target's weights (every state-dict tensor: name, dtype, shape, bytes) and configuration.
+
+    This identifies the target's hidden states whatever the path or name it was loaded from; on SmolLM2-135M in
+    float32 (540 MB) it takes about half a second.
+    """
+    digest = hashlib.sha256()
+    config = {k: v for k, v in target.config.to_dict().items() if not k.startswith("_") and k != "transformers_version"}
+    digest.update(json.dumps(config, sort_keys=True, default=str).encode())
+    for name, tensor in sorted(target.state_dict().items()):
+        digest.update(f"{name} {tensor.dtype} {list(tensor.shape)}".encode())
+        digest.update(tensor.detach().reshape(-1).cpu().contiguous().view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def _check_hidden_values(values: np.ndarray, chunk_size: int = 1 << 24) -> None:
+    """Raise `UnusableCacheError` if any value is not finite or beyond `HIDDEN_STATE_BOUND`, reading in chunks.
+
+    IEEE floats order like their bits with the sign bit cleared, with inf and NaN above every finite value, so one
+    integer maximum per chunk tests both (several times faster than `abs().max()` on float16).
+    """
+    unsigned = {2: np.uint16, 4: np.uint32, 8: np.uint64}[values.dtype.itemsize]
+    magnitude = np.iinfo(unsigned).max >> 1
+    limit = np.array(HIDDEN_STATE_BOUND, dtype=values.dtype).view(unsigned)
+    bits = values.view(unsigned)
+    for start in range(0, len(bits), chunk_size):
+        if (bits[start : start + chunk_size] & magnitude).max() > limit:
+            raise UnusableCacheError(f"damaged: it holds values that are not finite or beyond ±{HIDDEN_STATE_BOUND:g}")
+
+
+def _open_hidden_cache(cache_file: str, manifest_file: str, key: dict, num_rows: int) -> datasets.Dataset:
+    """The cache at `cache_file`, verified against its manifest (key, file size) and its own contents (rows, shapes,
+    values); raises `UnusableCacheError` saying what is wrong."""
+    try:
+        with open(manifest_file) as handle:
+            manifest = json.load(handle)
+    except (OSError, ValueError) as error:
+        raise UnusableCacheError(f"incomplete: no readable manifest ({error})") from error
+    changed = [name for name, value in key.items() if manifest.get(name) != value]
+    if changed:
+        raise UnusableCacheError(f"stale: computed with a different {' and '.join(changed)}")
+    size = os.path.getsize(cache_file) if os.path.exists(cache_file) else 0
+    if size != manifest.get("file_size"):
+        raise UnusableCacheError(f"truncated or altered: {size} bytes, {manifest.get('file_size')} were written")
+    try:
+        cached = datasets.Dataset.from_file(cache_file)
+    except Exception as error:  # arrow reports a damaged file with many exception types
+        raise UnusableCacheError(f"unreadable ({type(error).__name__}: {error})") from error
+    _, num_layers, hidden_size = key["shape"]
+    feature = datasets.Array3D(shape=(None, num_layers, hidden_size), dtype=key["dtype"])
+    if len(cached) != num_rows or cached.features.get("target_hidden") != feature:
+        found = cached.features.get("target_hidden")
+        raise UnusableCacheError(f"damaged: {len(cached)} rows of {found}, {num_rows} of {feature} expected")
+    for batch in cached.data.table.to_batches():
+        tokens = batch.column("target_hidden").storage  # list (tokens) of list (layers) of list (features)
+        layers = tokens.flatten()
+        features = layers.flatten()
+        values = features.flatten()
+        if any(array.null_count for array in (tokens, layers, features, values)) or not (
+            np.array_equal(tokens.value_lengths().to_numpy(), batch.column("input_ids").value_lengths().to_numpy())
+            and (layers.value_lengths().to_numpy() == num_layers).all()
+            and (features.value_lengths().to_numpy() == hidden_size).all()
+        ):
+            raise UnusableCacheError(f"damaged: rows do not have the shape [tokens, {num_layers}, {hidden_size}]")
+        _check_hidden_values(values.to_numpy())
+    return cached
+
+
 def precompute_hidden_states(
     dataset: datasets.Dataset, target, indices: list[int], cache_dir: str, dtype: str = "float16", batch_size: int = 4
 ) -> datasets.Dataset:
-    """Offline mode: add `target_hidden` ([T, len(indices), H] per row) computed once and memory-mapped from disk."""
+    """Offline mode: add `target_hidden` ([T, len(indices), H] per row) computed once and memory-mapped from disk.
+
+    The cache is keyed by the target's weights (`target_fingerprint`), the data, the layers tapped and the dtype, in a
+    manifest written last: a write that was killed leaves no manifest. When opened it is verified (manifest, file
+    size, rows, shapes, finite values within `HIDDEN_STATE_BOUND`); a stale or damaged cache is recomputed, with a
+    warning naming it and what was wrong.
+    """
     os.makedirs(cache_dir, exist_ok=True)
     hidden_size = target.config.get_text_config().hidden_size
+    key = {
+        "target_sha256": target_fingerprint(target),
+        "data_fingerprint": dataset._fingerprint,
+        "indices": list(indices),
+        "dtype": dtype,
+        "shape": [None, len(indices), hidden_size],
+    }
+    # One cache per target name and data: a target whose weights changed at the same path replaces its stale cache.
+    name = json.dumps([target.config.name_or_path, dataset._fingerprint, list(indices), dtype])
+    stem = os.path.join(cache_dir, f"hidden-{hashlib.sha256(name.encode()).hexdigest()[:16]}")
+    cache_file, manifest_file = f"{stem}.arrow", f"{stem}.json"
+    if os.path.exists(cache_file) or os.path.exists(manifest_file):
+        try:
+            return _open_hidden_cache(cache_file, manifest_file, key, len(dataset)).with_format("torch")
+        except UnusableCacheError as problem:
+            warnings.warn(f"Hidden-state cache {cache_file} is {problem}; recomputing it.")
+            if os.path.exists(manifest_file):
+                os.remove(manifest_file)  # it must not vouch for a replacement that is not written yet
+
     features = dataset.features.copy()
     features["target_hidden"] = datasets.Array3D(shape=(None, len(indices), hidden_size), dtype=dtype)
     torch_dtype = getattr(torch, dtype)
@@ -93,19 +200,30 @@ def precompute_hidden_states(
         out = []
         for ids, positions in zip(batch["input_ids"], batch["position_ids"]):
             states = target_hidden_states(target, torch.tensor([ids]), torch.tensor([positions]), indices)
-            out.append(torch.stack([s[0] for s in states], dim=1).to(torch_dtype).numpy())
+            hidden = torch.stack([s[0] for s in states], dim=1).to(torch_dtype)
+            if not hidden.abs().amax() <= HIDDEN_STATE_BOUND:
+                raise ValueError(
+                    f"The target's hidden states reach {hidden.abs().amax().item():g} in {dtype}, beyond the cache's "
+                    f"bound ±{HIDDEN_STATE_BOUND:g}: train this target with online hidden states"
+                )
+            out.append(hidden.numpy())
         return {"target_hidden": out}
 
-    fingerprint = f"{dataset._fingerprint}-{target.config.name_or_path}-{indices}-{dtype}".replace("/", "_")
-    return dataset.map(
+    cached = dataset.map(  # datasets writes a temporary file and moves it into place when complete
         add_hidden,
         batched=True,
         batch_size=batch_size,
         features=features,
-        cache_file_name=os.path.join(cache_dir, f"hidden-{fingerprint[-120:]}.arrow"),
-        new_fingerprint=fingerprint[-64:],
+        cache_file_name=cache_file,
+        load_from_cache_file=False,
+        new_fingerprint=hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32],
         desc="target hidden states",
-    ).with_format("torch")
+    )
+    manifest = {**key, "rows": len(cached), "file_size": os.path.getsize(cache_file)}
+    with open(f"{manifest_file}.tmp", "w") as handle:
+        json.dump(manifest, handle, indent=1)
+    os.replace(f"{manifest_file}.tmp", manifest_file)
+    return cached.with_format("torch")
 
 
 class PackedCollator:

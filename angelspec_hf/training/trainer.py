@@ -8,11 +8,19 @@ precomputed cache), applies the target's lm_head there as the teacher, and weigh
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import shutil
+import warnings
 from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
 from transformers import Trainer
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, rotate_checkpoints
 
 from .data import target_hidden_states
 
@@ -51,6 +59,30 @@ def draft_loss(
     raise ValueError(f"Unknown loss_type {loss_type!r}")
 
 
+def last_complete_checkpoint(output_dir: str) -> str | None:
+    """The newest `checkpoint-N` of `output_dir` with a readable `trainer_state.json`, or None.
+
+    Newer incomplete ones (a save that was killed, left by a version that wrote checkpoints in place) are skipped
+    with a warning naming them, and left on disk.
+    """
+    if not os.path.isdir(output_dir):
+        return None
+    steps = {}
+    for name in os.listdir(output_dir):
+        match = re.fullmatch(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)", name)
+        if match and os.path.isdir(os.path.join(output_dir, name)):
+            steps[int(match.group(1))] = os.path.join(output_dir, name)
+    for step in sorted(steps, reverse=True):
+        try:
+            with open(os.path.join(steps[step], TRAINER_STATE_NAME)) as handle:
+                json.load(handle)
+        except (OSError, ValueError) as error:
+            warnings.warn(f"Skipping the incomplete checkpoint {steps[step]} ({error}): its save did not finish.")
+            continue
+        return steps[step]
+    return None
+
+
 class AngelSpecTrainer(Trainer):
     """Trainer for AngelSpec drafters.
 
@@ -69,6 +101,66 @@ class AngelSpecTrainer(Trainer):
         self.target = target.eval().requires_grad_(False)
         self.drafter.bind_target(self.target)
         self._metrics: dict[str, list[float]] = defaultdict(list)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
+        """`Trainer.train`; `resume_from_checkpoint=True` resumes from `last_complete_checkpoint(output_dir)`."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(f"No complete checkpoint found in output directory ({self.args.output_dir})")
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """`Trainer._save_checkpoint`, made atomic: every process writes into `tmp-checkpoint-N`, which the saving
+        process renames to `checkpoint-N` once complete, so a run killed while saving leaves no partial checkpoint
+        where resuming looks (the next save of step N removes the remains)."""
+        if self.hp_search_backend is None and trial is None:
+            self.store_flos()
+        run_dir = self._get_output_dir(trial=trial)
+        checkpoint_folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        output_dir = os.path.join(run_dir, checkpoint_folder)
+        staging_dir = os.path.join(run_dir, f"tmp-{checkpoint_folder}")
+        if self.args.should_save and os.path.isdir(staging_dir):
+            warnings.warn(f"Removing {staging_dir}, the remains of a save that did not finish.")
+            shutil.rmtree(staging_dir, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+
+        self.save_model(staging_dir, _internal_call=True)
+        tracks_best = self.args.save_strategy in (SaveStrategy.STEPS, SaveStrategy.EPOCH, SaveStrategy.BEST)
+        if tracks_best and self.state.best_global_step:
+            self.accelerator.wait_for_everyone()  # the best checkpoint may be the one being written
+            best_checkpoint_dir = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.best_global_step}")
+            if self.state.best_global_step == self.state.global_step or os.path.exists(best_checkpoint_dir):
+                self.state.best_model_checkpoint = best_checkpoint_dir
+        if not self.args.save_only_model:
+            self._save_optimizer_and_scheduler(staging_dir)
+            self._save_scaler(staging_dir)
+            self._save_rng_state(staging_dir)
+        if self.args.should_save:
+            for callback in self.callback_handler.callbacks + [self.control]:
+                if isinstance(callback, ExportableState):
+                    name, callback_state = callback.__class__.__name__, callback.state()
+                    if isinstance(self.state.stateful_callbacks[name], list):
+                        self.state.stateful_callbacks[name].append(callback_state)
+                    else:
+                        self.state.stateful_callbacks[name] = callback_state
+            self.state.save_to_json(os.path.join(staging_dir, TRAINER_STATE_NAME))
+
+        self.accelerator.wait_for_everyone()  # every process has written its part (RNG states, shards)
+        if self.args.should_save and os.path.isdir(staging_dir):
+            if os.path.isdir(output_dir):
+                warnings.warn(f"Replacing the existing checkpoint {output_dir}.")
+                shutil.rmtree(output_dir)
+            os.replace(staging_dir, output_dir)
+        if self.args.push_to_hub:
+            self._push_from_checkpoint(output_dir)
+        if self.args.should_save:
+            rotate_checkpoints(
+                output_dir=run_dir,
+                save_total_limit=self.args.save_total_limit,
+                best_model_checkpoint=self.state.best_model_checkpoint,
+                use_mtime=True,
+            )
 
     @property
     def drafter(self):

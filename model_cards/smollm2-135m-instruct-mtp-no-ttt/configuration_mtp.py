@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import AngelSpecDrafterConfig
+from .base import AngelSpecDrafterConfig, check_bool, check_int
 
 
 class AngelSpecMTPConfig(AngelSpecDrafterConfig):
@@ -32,12 +32,21 @@ class AngelSpecMTPConfig(AngelSpecDrafterConfig):
         depth_loss_weights: list[float] | None = None,
         **kwargs,
     ):
+        check_int("num_depths", num_depths)
+        check_bool("training_time_test", training_time_test)
         if ttt_token_choice not in ("argmax", "sample", "ground_truth"):
             raise ValueError(f"ttt_token_choice must be 'argmax', 'sample' or 'ground_truth', got {ttt_token_choice!r}")
-        if depth_loss_weights is not None and len(depth_loss_weights) != num_depths:
-            raise ValueError(f"depth_loss_weights has {len(depth_loss_weights)} entries for {num_depths} depths")
+        if depth_loss_weights is not None and not (
+            isinstance(depth_loss_weights, (list, tuple))
+            and len(depth_loss_weights) == num_depths
+            and all(isinstance(weight, (int, float)) and weight >= 0 for weight in depth_loss_weights)
+        ):
+            raise ValueError(
+                f"depth_loss_weights must be {num_depths} non-negative weights (one per depth), "
+                f"got {depth_loss_weights!r}"
+            )
         self.num_depths = num_depths
         self.training_time_test = training_time_test
         self.ttt_token_choice = ttt_token_choice
-        self.depth_loss_weights = depth_loss_weights or [1.0 / num_depths] * num_depths
+        self.depth_loss_weights = list(depth_loss_weights or [1.0 / num_depths] * num_depths)
         super().__init__(**kwargs)

@@ -30,6 +30,8 @@ _NON_LAYER_KEYS = (
     "architectures", "auto_map", "quantization_config", "_name_or_path", "name_or_path", "transformers_version",
     "layer_types", "dtype", "torch_dtype", "output_hidden_states", "_attn_implementation_autoset",
 )
+# Target config keys a drafter is built from.
+_REQUIRED_TARGET_KEYS = ("model_type", "hidden_size", "vocab_size", "num_hidden_layers")
 
 
 @dataclass
@@ -108,6 +110,41 @@ def family_classes(model_type: str) -> FamilyClasses:
         raise ValueError(f"Model type {model_type!r} has no RMSNorm / rotary embedding to build a drafter from") from error
 
 
+def check_int(name: str, value, minimum: int = 1, maximum: int | None = None) -> None:
+    """Raise `ValueError` naming the config field `name` unless `value` is an integer in [minimum, maximum]."""
+    valid = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+    if not valid or (maximum is not None and value > maximum):
+        bounds = f"at least {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+        raise ValueError(f"{name} must be an integer {bounds}, got {value!r}")
+
+
+def check_number(name: str, value, positive: bool = False) -> None:
+    """Raise `ValueError` naming the config field `name` unless `value` is a non-negative (or positive) number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{name} must be a {'positive' if positive else 'non-negative'} number, got {value!r}")
+
+
+def check_bool(name: str, value) -> None:
+    """Raise `ValueError` naming the config field `name` unless `value` is `True` or `False`."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
+def check_target_config(target_config) -> None:
+    """Raise `ValueError` naming `target_config` unless it is empty (a default config) or a target's text config."""
+    if not isinstance(target_config, dict):
+        raise ValueError(f"target_config must be the target's text config as a dict, got {target_config!r}")
+    if not target_config:
+        return
+    missing = [key for key in _REQUIRED_TARGET_KEYS if target_config.get(key) is None]
+    if missing:
+        raise ValueError(f"target_config lacks {', '.join(missing)}: it must be the target's text config")
+    if not isinstance(target_config["model_type"], str):
+        raise ValueError(f"target_config['model_type'] must be a string, got {target_config['model_type']!r}")
+    for key in _REQUIRED_TARGET_KEYS[1:]:
+        check_int(f"target_config[{key!r}]", target_config[key])
+
+
 def embedding_probe(embedding: torch.Tensor) -> list[float]:
     """Row sums of a few fixed rows of the target embedding: tells two same-shaped targets apart."""
     rows = torch.linspace(0, embedding.shape[0] - 1, 8).long()
@@ -120,6 +157,7 @@ class AngelSpecDrafterConfig(PretrainedConfig):
 
     Args:
         target_config (`dict`): the target's text config (its family and layer shapes); draft layers are built from it.
+            Empty only in a default config (as transformers builds for defaults), from which no drafter is built.
         target_name_or_path (`str`): the target the drafter was trained for (Hub id or path), for the record.
         target_tokenizer_fingerprint (`str`): `angelspec_hf.targets.tokenizer_fingerprint` of the target tokenizer.
         target_embedding_probe (`list[float]`): `embedding_probe` of the target embedding, checked when binding.
@@ -144,12 +182,19 @@ class AngelSpecDrafterConfig(PretrainedConfig):
         lk_eta: float = 3.0,
         **kwargs,
     ):
+        check_target_config(target_config or {})
+        self.target_config = {k: v for k, v in (target_config or {}).items() if k not in _NON_LAYER_KEYS}
+        target_vocab_size = self.target_config.get("vocab_size")
+        if draft_vocab_size is not None:
+            check_int("draft_vocab_size", draft_vocab_size, maximum=target_vocab_size)
         if loss_type not in ("kl", "ce", "tv", "lk"):
             raise ValueError(f"loss_type must be one of kl, ce, tv, lk; got {loss_type!r}")
+        if kl_top_k is not None:
+            check_int("kl_top_k", kl_top_k, maximum=draft_vocab_size or target_vocab_size)
+        check_number("lk_eta", lk_eta)
         self.loss_type = loss_type
         self.kl_top_k = kl_top_k
         self.lk_eta = lk_eta
-        self.target_config = {k: v for k, v in (target_config or {}).items() if k not in _NON_LAYER_KEYS}
         self.target_name_or_path = target_name_or_path
         self.target_tokenizer_fingerprint = target_tokenizer_fingerprint
         self.target_embedding_probe = target_embedding_probe
@@ -182,6 +227,11 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
 
     def __init__(self, config: AngelSpecDrafterConfig):
+        if not config.target_config:
+            raise ValueError(
+                f"{type(config).__name__} has no target_config: a drafter is built from its target's config "
+                f"(`{type(self).__name__}.from_target(target, ...)` records it)"
+            )
         super().__init__(config)
         if config.draft_vocab_size:
             # EAGLE-3-style reduced vocabulary: own small head over the most frequent target tokens.
@@ -395,8 +445,10 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
             json.dump(config, handle, indent=2, sort_keys=True)
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        """Load a drafter; a missing or unreadable checkpoint raises an error that names the folder and file."""
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, output_loading_info: bool = False, **kwargs):
+        """Load a drafter. A missing or unreadable checkpoint raises an error that names the folder and file; one whose
+        tensors are not exactly the drafter's (some missing, some unexpected) raises a `ValueError` naming them rather
+        than drafting with randomly initialised weights."""
         path = str(pretrained_model_name_or_path)
         if os.path.isdir(path):
             for required in ("config.json", "model.safetensors"):
@@ -405,10 +457,23 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
                 ):
                     raise FileNotFoundError(f"Drafter checkpoint {path!r} has no {required}")
         try:
-            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+            model, loading_info = super().from_pretrained(
+                pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs
+            )
         except (OSError, ValueError, RuntimeError) as error:
             raise ValueError(f"Cannot load the drafter checkpoint {path!r}: {error}") from error
         except Exception as error:  # safetensors raises its own error type for corrupt files
             if type(error).__name__ == "SafetensorError":
                 raise ValueError(f"Corrupt weights file in drafter checkpoint {path!r}: {error}") from error
             raise
+        problems = [
+            f"{kind} tensors: {', '.join(sorted(loading_info[f'{kind}_keys']))}"
+            for kind in ("missing", "unexpected")
+            if loading_info[f"{kind}_keys"]
+        ]
+        if problems:
+            raise ValueError(
+                f"Drafter checkpoint {path!r} does not hold the weights of a {type(model).__name__} with its config; "
+                + "; ".join(problems)
+            )
+        return (model, loading_info) if output_loading_info else model

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..base import AngelSpecDrafterConfig
+from ..base import AngelSpecDrafterConfig, check_bool, check_int, check_number
 
 
 def evenly_spaced_layers(num_target_layers: int, count: int) -> list[int]:
@@ -52,8 +52,13 @@ class DFlyConfig(AngelSpecDrafterConfig):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if block_size < 2:
-            raise ValueError(f"block_size must be at least 2 (the anchor and one draft), got {block_size}")
+        check_int("block_size", block_size, minimum=2)  # the anchor and at least one draft
+        check_int("num_draft_layers", num_draft_layers)
+        check_int("num_target_layers_tapped", num_target_layers_tapped)
+        check_bool("per_layer_context_mix", per_layer_context_mix)
+        check_bool("ar_head", ar_head)
+        check_number("position_decay_gamma", position_decay_gamma, positive=True)
+        check_int("anchors_per_row", anchors_per_row)
         self.block_size = block_size
         self.num_draft_layers = num_draft_layers
         self.num_hidden_layers = num_draft_layers  # what a cache built from this config sizes itself by
@@ -67,13 +72,19 @@ class DFlyConfig(AngelSpecDrafterConfig):
         self.position_decay_gamma = position_decay_gamma
         self.anchors_per_row = anchors_per_row
         if self.target_num_hidden_layers is not None:
-            missing = [i for i in self.target_layer_ids if not 0 <= i < self.target_num_hidden_layers]
+            if not self.target_layer_ids:
+                raise ValueError("target_layer_ids is empty: DFly needs at least one tapped target layer")
+            missing = [
+                i for i in self.target_layer_ids if not (isinstance(i, int) and 0 <= i < self.target_num_hidden_layers)
+            ]
             if missing:
                 raise ValueError(
                     f"target_layer_ids {missing} do not exist in a target with {self.target_num_hidden_layers} layers"
                 )
-        if mask_token_id is not None and self.vocab_size is not None and not 0 <= mask_token_id < self.vocab_size:
-            raise ValueError(f"mask_token_id {mask_token_id} is outside the target vocabulary of {self.vocab_size}")
+        if mask_token_id is not None:
+            check_int("mask_token_id", mask_token_id, minimum=0)
+            if self.vocab_size is not None and mask_token_id >= self.vocab_size:
+                raise ValueError(f"mask_token_id {mask_token_id} is outside the target vocabulary of {self.vocab_size}")
         max_positions = self.target_config.get("max_position_embeddings")
         if max_positions is not None and block_size > max_positions:
             raise ValueError(f"block_size {block_size} exceeds the target context of {max_positions} positions")

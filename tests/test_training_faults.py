@@ -1,0 +1,187 @@
+"""Training faults: a run killed while saving a checkpoint, and stale or damaged hidden-state caches."""
+
+import copy
+import glob
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import warnings
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from conftest import make_target
+from test_training import REPO, chat_target, make_trainer  # noqa: F401  (chat_target: a fixture)
+
+from angelspec_hf.training import AngelSpecTrainer, build_training_dataset, precompute_hidden_states
+from angelspec_hf.training.data import target_hidden_states
+
+
+@pytest.fixture(scope="module")
+def responses(tmp_path_factory):
+    """A responses file of random conversations: training needs tokens, not the target's real answers."""
+    path = str(tmp_path_factory.mktemp("data") / "responses.jsonl.gz")
+    generator = torch.Generator().manual_seed(0)
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        for i in range(12):
+            prompt_ids, response_ids = torch.randint(3, 4000, (2, 24), generator=generator).tolist()
+            record = {"source": "random", "prompt": f"prompt {i}", "prompt_ids": prompt_ids, "response_ids": response_ids}
+            handle.write(json.dumps(record) + "\n")
+    return path
+
+
+KILLED_WHILE_SAVING = """
+import os, signal, sys
+from angelspec_hf.training import AngelSpecTrainer
+from train_drafter import main
+
+save_rng_state = AngelSpecTrainer._save_rng_state
+
+def killed_while_saving(self, output_dir):
+    # The weights and optimizer of this checkpoint are written, its RNG and trainer states are not.
+    if self.state.global_step == 4:
+        os.kill(os.getpid(), signal.SIGKILL)
+    save_rng_state(self, output_dir)
+
+AngelSpecTrainer._save_rng_state = killed_while_saving
+main(sys.argv[1:])
+"""
+
+
+def test_a_run_killed_while_saving_resumes_from_the_last_complete_checkpoint(
+    chat_target, smollm2_tokenizer, responses, tmp_path, monkeypatch  # noqa: F811
+):
+    target_dir, output_dir = tmp_path / "target", tmp_path / "drafter"
+    chat_target.save_pretrained(target_dir)
+    smollm2_tokenizer.save_pretrained(target_dir)
+    arguments = [
+        "--config", os.path.join(REPO, "examples", "configs", "tiny_mtp.yaml"), "--target", str(target_dir),
+        "--responses", responses, "--output_dir", str(output_dir), "--hidden_cache_dir", str(tmp_path / "cache"),
+        "--save_strategy", "steps", "--save_steps", "2", "--eval_prompts", "0",
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": os.path.join(REPO, "examples")}
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_WHILE_SAVING, *arguments], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert {"checkpoint-2", "tmp-checkpoint-4"} <= set(os.listdir(output_dir))
+    assert "checkpoint-4" not in os.listdir(output_dir), "a checkpoint is visible only once complete"
+
+    sys.path.insert(0, os.path.join(REPO, "examples"))
+    try:
+        from train_drafter import main as train_main
+    finally:
+        sys.path.pop(0)
+    resumed_from = []
+    train = AngelSpecTrainer.train
+
+    def recording_train(self, resume_from_checkpoint=None, *args, **kwargs):
+        resumed_from.append(resume_from_checkpoint)
+        return train(self, resume_from_checkpoint, *args, **kwargs)
+
+    monkeypatch.setattr(AngelSpecTrainer, "train", recording_train)
+    with pytest.warns(UserWarning, match="tmp-checkpoint-4, the remains of a save") as emitted:
+        train_main(arguments)
+    assert not [w for w in emitted if "Hidden-state cache" in str(w.message)]
+    assert len(glob.glob(str(tmp_path / "cache" / "hidden-*.arrow"))) == 1, "the killed run's cache is reused"
+    assert resumed_from == [str(output_dir / "checkpoint-2")]
+    with open(output_dir / "trainer_state.json") as handle:
+        assert json.load(handle)["global_step"] == 4
+    assert os.path.isfile(output_dir / "checkpoint-4" / "trainer_state.json")
+    assert "tmp-checkpoint-4" not in os.listdir(output_dir)
+
+
+def test_resume_skips_an_incomplete_checkpoint_with_a_warning(
+    chat_target, smollm2_tokenizer, responses, tmp_path  # noqa: F811
+):
+    dataset = build_training_dataset(responses, max_length=128)
+    first = make_trainer(
+        chat_target, smollm2_tokenizer, dataset, tmp_path, max_steps=4, save_strategy="steps", save_steps=2
+    )
+    first.train()
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-2", "checkpoint-4"]
+    os.remove(tmp_path / "checkpoint-4" / "trainer_state.json")  # as a save killed in place leaves it
+    resumed = make_trainer(chat_target, smollm2_tokenizer, dataset, tmp_path, max_steps=4)
+    with pytest.warns(UserWarning, match="incomplete checkpoint .*checkpoint-4"):
+        resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 4
+    assert os.path.isdir(tmp_path / "checkpoint-4"), "the incomplete checkpoint is left for the user"
+
+
+@pytest.fixture(scope="module")
+def tiny_target():
+    return make_target("llama", dtype=torch.float32, seed=5)
+
+
+def packed_rows(num_rows: int = 6, length: int = 24) -> datasets.Dataset:
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 96, (num_rows, length), generator=generator).tolist()
+    return datasets.Dataset.from_dict({"input_ids": ids, "position_ids": [list(range(length))] * num_rows})
+
+
+def assert_hidden_states_of(target, cached, dataset, indices):
+    for row, expected in zip(cached, dataset):
+        states = target_hidden_states(
+            target, torch.tensor([expected["input_ids"]]), torch.tensor([expected["position_ids"]]), indices
+        )
+        expected_hidden = torch.stack([s[0] for s in states], dim=1)
+        torch.testing.assert_close(row["target_hidden"].float(), expected_hidden, rtol=1e-3, atol=1e-3)
+
+
+def reopen_without_warnings(target, dataset, indices, cache_dir, dtype):
+    """A recomputed cache is valid: the next run reuses it as it is, without a warning."""
+    (cache_file,) = glob.glob(os.path.join(cache_dir, "*.arrow"))
+    written = os.stat(cache_file).st_mtime_ns
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cached = precompute_hidden_states(dataset, target, indices, cache_dir, dtype=dtype)
+    assert os.stat(cache_file).st_mtime_ns == written
+    return cached
+
+
+def test_a_truncated_hidden_state_cache_is_recomputed_with_a_warning(tiny_target, tmp_path):
+    dataset, indices, cache_dir = packed_rows(), [1, 2], str(tmp_path)
+    precompute_hidden_states(dataset, tiny_target, indices, cache_dir)
+    (cache_file,) = glob.glob(os.path.join(cache_dir, "*.arrow"))
+    with open(cache_file, "r+b") as handle:
+        handle.truncate(os.path.getsize(cache_file) // 2)
+    with pytest.warns(UserWarning, match=r"hidden-\w+\.arrow is truncated"):
+        cached = precompute_hidden_states(dataset, tiny_target, indices, cache_dir)
+    assert len(cached) == len(dataset)
+    assert_hidden_states_of(tiny_target, cached, dataset, indices)
+    reopen_without_warnings(tiny_target, dataset, indices, cache_dir, "float16")
+
+
+@pytest.mark.parametrize("dtype, value", [("float32", 1e30), ("float16", float("nan")), ("float16", float("inf"))])
+def test_corrupted_hidden_state_values_are_recomputed_with_a_warning(tiny_target, tmp_path, dtype, value):
+    dataset, indices, cache_dir = packed_rows(), [2], str(tmp_path)
+    cached = precompute_hidden_states(dataset, tiny_target, indices, cache_dir, dtype=dtype)
+    (cache_file,) = glob.glob(os.path.join(cache_dir, "*.arrow"))
+    original = cached[3]["target_hidden"][5, 0, :8].to(getattr(torch, dtype)).numpy().tobytes()  # unique in the file
+    del cached
+    with open(cache_file, "r+b") as handle:  # overwritten in place: same size, only the values check can tell
+        content = handle.read()
+        assert content.count(original) == 1
+        handle.seek(content.index(original))
+        handle.write(np.full(8, value, dtype=dtype).tobytes())
+    with pytest.warns(UserWarning, match=r"hidden-\w+\.arrow is damaged: .*not finite or beyond"):
+        cached = precompute_hidden_states(dataset, tiny_target, indices, cache_dir, dtype=dtype)
+    assert_hidden_states_of(tiny_target, cached, dataset, indices)
+    reopen_without_warnings(tiny_target, dataset, indices, cache_dir, dtype)
+
+
+def test_a_target_whose_weights_changed_at_the_same_path_gets_its_cache_recomputed(tiny_target, tmp_path):
+    dataset, indices, cache_dir = packed_rows(), [1, 2], str(tmp_path)
+    precompute_hidden_states(dataset, tiny_target, indices, cache_dir)
+    retrained = copy.deepcopy(tiny_target)  # same name_or_path, other weights
+    retrained.model.layers[0].mlp.down_proj.weight.mul_(1.5)
+    assert retrained.config.name_or_path == tiny_target.config.name_or_path
+    with pytest.warns(UserWarning, match=r"hidden-\w+\.arrow is stale: computed with a different target_sha256"):
+        cached = precompute_hidden_states(dataset, retrained, indices, cache_dir)
+    assert_hidden_states_of(retrained, cached, dataset, indices)
+    assert len(glob.glob(os.path.join(cache_dir, "*.arrow"))) == 1, "the stale cache was replaced, not kept beside"
+    reopen_without_warnings(retrained, dataset, indices, cache_dir, "float16")
