@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+
+from .arguments import policy, positive_int, positive_int_list, temperature
+from .prompts import check_prompt_source
+
+
+class UsageError(ValueError):
+    """A mistake in the command line or in the files it names: reported in one line, exit status 2."""
 
 
 def _regenerate(args: argparse.Namespace) -> None:
@@ -72,7 +80,7 @@ def _profile(args: argparse.Namespace) -> None:
     from .targets import load_target
 
     target = load_target(args.target)
-    rows = [int(r) for r in args.rows.split(",")]
+    rows = sorted({int(r) for r in args.rows.split(",")})
     model = profile_verify_cost(target.model, rows=rows, repeats=args.repeats)
     path = args.output or cost_model_path(target.model)
     model.save(path)
@@ -128,23 +136,25 @@ def build_parser() -> argparse.ArgumentParser:
     regenerate.add_argument("--sources", required=True, help="comma-separated prompt sets, e.g. alpaca_eval,arena_hard")
     regenerate.add_argument("--output", required=True, help="gzipped JSONL file, appended to (resumable)")
     regenerate.add_argument("--data-dir", default=None)
-    regenerate.add_argument("--limit-per-source", type=int, default=None)
-    regenerate.add_argument("--max-prompt-tokens", type=int, default=384)
-    regenerate.add_argument("--max-new-tokens", type=int, default=256)
-    regenerate.add_argument("--batch-size", type=int, default=16)
+    regenerate.add_argument("--limit-per-source", type=positive_int, default=None)
+    regenerate.add_argument("--max-prompt-tokens", type=positive_int, default=384)
+    regenerate.add_argument("--max-new-tokens", type=positive_int, default=256)
+    regenerate.add_argument("--batch-size", type=positive_int, default=16)
     regenerate.set_defaults(func=_regenerate)
 
     demo = commands.add_parser("demo", help="SmolLM2 with the shipped MTP drafter: outputs, τ and speedup")
     demo.add_argument("--target", default="smollm2")
     demo.add_argument("--drafter", default=DEFAULT_DRAFTER)
-    demo.add_argument("--limit", type=int, default=5, help="how many MT-bench prompts")
-    demo.add_argument("--max-new-tokens", type=int, default=128)
+    demo.add_argument("--limit", type=positive_int, default=5, help="how many MT-bench prompts")
+    demo.add_argument("--max-new-tokens", type=positive_int, default=128)
     demo.set_defaults(func=_demo)
 
     profile = commands.add_parser("profile", help="(re-)profile the target's verify-forward latency on this machine for D-cut")
     profile.add_argument("--target", default="smollm2")
-    profile.add_argument("--rows", default="1,2,4,8,16,32,64", help="comma-separated batch sizes to profile")
-    profile.add_argument("--repeats", type=int, default=5)
+    profile.add_argument(
+        "--rows", type=positive_int_list, default="1,2,4,8,16,32,64", help="comma-separated batch sizes to profile"
+    )
+    profile.add_argument("--repeats", type=positive_int, default=5)
     profile.add_argument("--output", default=None, help="JSON file (default: the cache D-cut reads)")
     profile.set_defaults(func=_profile)
 
@@ -153,11 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--drafter", default=None, help="drafter folder (none: batched autoregressive decoding)")
     batch.add_argument("--prompts", default="mt_bench", help="prompt set name, mixture (a+b) or JSONL file")
     batch.add_argument("--data-dir", default=None)
-    batch.add_argument("--limit", type=int, default=None)
-    batch.add_argument("--concurrency", type=int, default=16, help="most requests decoded together")
-    batch.add_argument("--policy", default="dcut", help="dcut or fixed-K")
-    batch.add_argument("--max-new-tokens", type=int, default=128)
-    batch.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampling")
+    batch.add_argument("--limit", type=positive_int, default=None)
+    batch.add_argument("--concurrency", type=positive_int, default=16, help="most requests decoded together")
+    batch.add_argument("--policy", type=policy, default="dcut", help="dcut, heuristic or fixed-K")
+    batch.add_argument("--max-new-tokens", type=positive_int, default=128)
+    batch.add_argument(
+        "--temperature", type=temperature, default=0.0,
+        help="0 (default): greedy decoding; > 0: sample at this temperature",
+    )
     batch.add_argument("--seed", type=int, default=0)
     batch.add_argument("--output", required=True, help="JSONL of responses")
     batch.set_defaults(func=_batch)
@@ -176,10 +189,94 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+HUB_ID = re.compile(r"[\w-][\w.-]*(/[\w-][\w.-]*)?")
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Check what the command line names on disk — models, prompt files, output paths — before any model loads;
+    raise `UsageError` on the first mistake."""
+    if args.target != "smollm2":
+        folder, _, gguf_file = args.target.partition("::")
+        _check_model("--target", folder, "target", filename=gguf_file or "config.json")
+        if gguf_file and os.path.isdir(folder) and not os.path.isfile(os.path.join(folder, gguf_file)):
+            raise UsageError(f"--target {args.target}: no file {gguf_file} in {folder}")
+    if args.command == "bench":
+        for spec in args.drafter:
+            _check_model("--drafter", spec.partition("@")[0], "drafter", hub=False)
+    elif getattr(args, "drafter", None):
+        _check_model("--drafter", args.drafter, "drafter")
+    data_dir = getattr(args, "data_dir", None)
+    if data_dir is not None and not os.path.isdir(data_dir):
+        raise UsageError(f"--data-dir {data_dir}: no such folder")
+    if args.command == "suite" and not os.path.isdir(args.drafters_dir):
+        raise UsageError(f"--drafters-dir {args.drafters_dir}: no such folder")
+    if args.command == "regenerate":
+        sources = args.sources.split(",")
+    else:
+        sources = [args.prompts] if hasattr(args, "prompts") else []
+    for source in sources:
+        try:
+            check_prompt_source(source)
+        except (OSError, ValueError) as error:
+            raise UsageError(str(error)) from None
+    for flag, dest in (("--output", "output"), ("--benchmarks-md", "benchmarks_md"), ("--output-dir", "output_dir")):
+        if getattr(args, dest, None):
+            _check_writable(flag, getattr(args, dest), folder=dest == "output_dir")
+    if args.command == "bench" and args.concurrency and args.limit is not None:
+        needed = max(max(int(c) for c in args.concurrency.split(",")), args.min_requests)
+        if args.limit < needed:
+            raise UsageError(
+                f"--limit {args.limit} leaves too few prompts: --concurrency {args.concurrency} with --min-requests "
+                f"{args.min_requests} needs {needed}"
+            )
+
+
+def _check_model(flag: str, path: str, kind: str, hub: bool = True, filename: str = "config.json") -> None:
+    """`path` is a model folder or, where `hub`, a Hub id (offline: one whose `filename` is in the local cache)."""
+    if os.path.isdir(path):
+        return
+    hub_id = hub and HUB_ID.fullmatch(path) is not None
+    if hub_id and _on_hub(path, filename):
+        return
+    hint = " (and it is not a Hub id available offline)" if hub_id else ""
+    raise UsageError(f"{flag} {path}: no {kind} folder of that name{hint}")
+
+
+def _on_hub(repo_id: str, filename: str) -> bool:
+    """Whether `from_pretrained(repo_id)` can find it: always assumed online, from the local cache offline."""
+    if os.environ.get("HF_HUB_OFFLINE", "").upper() not in ("1", "ON", "YES", "TRUE"):
+        return True
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, filename), str)
+    except ValueError:  # not a valid repo id after all (e.g. "a..b")
+        return False
+
+
+def _check_writable(flag: str, path: str, folder: bool = False) -> None:
+    """`path` (a file, or a `folder`) can be written, missing parent folders created, without writing anything yet."""
+    full = os.path.abspath(path)
+    if os.path.isdir(full) != folder and os.path.exists(full):
+        raise UsageError(f"{flag} {path}: " + ("not a folder" if folder else "is a folder"))
+    existing = full
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) and existing != full:
+        raise UsageError(f"{flag} {path}: cannot be created, {existing} is a file")
+    if not os.access(existing, os.W_OK):
+        raise UsageError(f"{flag} {path}: cannot be written, {existing} is read-only")
+
+
 def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    try:
+        check_arguments(args)
+    except UsageError as error:
+        print(f"angelspec {args.command}: error: {error}", file=sys.stderr)
+        sys.exit(2)
     threads = [f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"] if "OMP_NUM_THREADS" in os.environ else []  # timings depend on it
     args.command_line = " ".join([*threads, "angelspec", *argv])
     args.func(args)

@@ -2,16 +2,19 @@
 
 Every set has a name (`mt_bench`, `gsm8k_test`, ...), the file it lives in under the local data folder
 (default `../shared/data` when it exists), and the Hub data set a user elsewhere would load instead. Each record
-becomes `{"prompt": str, "category": str}`: the first user turn.
+becomes `{"prompt": str, "category": str}`: the first user turn. A prompt file of one's own (JSON lines) is read
+and checked record by record here (`read_prompt_file`), so a malformed one is reported by line before any model loads.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import datasets
+if TYPE_CHECKING:
+    import datasets
 
 DATA_DIR_ENV = "ANGELSPEC_DATA_DIR"
 
@@ -100,17 +103,111 @@ def default_data_dir() -> str | None:
     return None
 
 
+def source_parts(source: str) -> list[str]:
+    """The prompt sets and files `source` names: a file, a set, a named mixture or parts joined by `+`."""
+    if os.path.isfile(source):
+        return [source]
+    return MIXTURES.get(source, source).split("+")
+
+
+def check_prompt_source(source: str) -> None:
+    """Raise ValueError unless every part of `source` is a known prompt set or a well-formed prompt file."""
+    for part in source_parts(source):
+        if os.path.isfile(part):
+            read_prompt_file(part)
+        elif part not in PROMPT_SETS:
+            raise ValueError(_unknown_source_message(part))
+
+
+def _unknown_source_message(source: str) -> str:
+    if source.endswith((".json", ".jsonl")) or os.sep in source:
+        return f"{source}: no such prompt file"
+    known = ", ".join(sorted(PROMPT_SETS) + sorted(MIXTURES))
+    return f"Unknown prompt source {source!r}: not a file and not one of {known}"
+
+
+def read_prompt_file(path: str) -> list[dict]:
+    """The records of a JSON-lines file (or a JSON array) as `{"prompt": str, "category": str}`.
+
+    A record carries `prompt` (a non-empty string) or `turns` (a list of strings, MT-bench / Spec-Bench format, the
+    first one used), and optionally `category`. The whole file is checked: a ValueError names the line (or array
+    item) of the first bad record.
+    """
+    with open(path, "rb") as handle:
+        data = handle.read()
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise ValueError(
+            f"{path} line {line}: not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start})"
+        ) from None
+    if text.lstrip().startswith("["):
+        try:
+            records = [(f"item {index}", record) for index, record in enumerate(json.loads(text), start=1)]
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} line {error.lineno}: {_not_json(error)}") from None
+    else:
+        records = []
+        for number, line in enumerate(text.split("\n"), start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append((f"line {number}", json.loads(line)))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path} line {number}: {_not_json(error)}") from None
+    if not records:
+        raise ValueError(f"{path} is empty: no prompt records")
+    return [_prompt_record(record, f"{path} {where}", os.path.basename(path)) for where, record in records]
+
+
+def _not_json(error: json.JSONDecodeError) -> str:
+    return f"not valid JSON ({error.msg} at column {error.colno})"
+
+
+def _prompt_record(record, where: str, default_category: str) -> dict:
+    """`{"prompt", "category"}` of one record of a prompt file; ValueError (prefixed with `where`) if malformed."""
+    if not isinstance(record, dict):
+        raise ValueError(f'{where}: a record must be a JSON object with "prompt" or "turns", got {_shown(record)}')
+    if record.get("prompt") is None and record.get("turns") is not None:
+        turns = record["turns"]
+        if not (isinstance(turns, list) and turns and all(isinstance(turn, str) for turn in turns)):
+            raise ValueError(f'{where}: "turns" must be a non-empty list of strings, got {_shown(turns)}')
+        if not turns[0].strip():
+            raise ValueError(f'{where}: the first of "turns" must be a non-empty string, got {_shown(turns[0])}')
+        prompt = turns[0]
+    elif "prompt" in record:
+        prompt = record["prompt"]
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(f'{where}: "prompt" must be a non-empty string, got {_shown(prompt)}')
+    else:
+        keys = ", ".join(f'"{key}"' for key in record) or "none"
+        raise ValueError(f'{where}: a record needs a "prompt" string or a "turns" list; its keys: {keys}')
+    return {"prompt": prompt, "category": str(record.get("category") or default_category)}
+
+
+def _shown(value, width: int = 40) -> str:
+    """`value` as JSON, cut to `width` characters, for an error message."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def load_prompts(source: str, data_dir: str | None = None, limit: int | None = None) -> datasets.Dataset:
     """Load prompts as a `datasets.Dataset` with columns `prompt` and `category`.
 
     `source` is a registered set name (read from `data_dir`, else from the Hub), a path to a JSON/JSONL file
-    whose records carry `prompt` (a string) or `turns` (a list of strings, MT-bench / Spec-Bench format), or
-    several of these joined by `+` (taken in turn, e.g. `mt_bench+gsm8k_test+mbpp_test`; `mixed` names that one).
+    (see `read_prompt_file`), or several of these joined by `+` (taken in turn, e.g.
+    `mt_bench+gsm8k_test+mbpp_test`; `mixed` names that one).
     """
-    source = MIXTURES.get(source, source)
-    if "+" in source:
-        parts = [load_prompts(part, data_dir=data_dir) for part in source.split("+")]
-        prompts = datasets.interleave_datasets(parts)  # round robin until the shortest part runs out
+    import datasets
+
+    parts = source_parts(source)
+    if len(parts) > 1:
+        prompts = datasets.interleave_datasets(  # round robin until the shortest part runs out
+            [load_prompts(part, data_dir=data_dir) for part in parts]
+        )
+    elif os.path.isfile(source):
+        prompts = datasets.Dataset.from_list(read_prompt_file(source))
     elif source in PROMPT_SETS:
         spec = PROMPT_SETS[source]
         data_dir = data_dir or default_data_dir()
@@ -123,19 +220,8 @@ def load_prompts(source: str, data_dir: str | None = None, limit: int | None = N
             lambda r: {"prompt": spec.to_prompt(r), "category": spec.category(r) or source},
             remove_columns=raw.column_names,
         )
-    elif os.path.isfile(source):
-        raw = datasets.load_dataset("json", data_files=source, split="train")
-        if "prompt" not in raw.column_names and "turns" not in raw.column_names:
-            raise ValueError(f"{source}: each record needs a `prompt` string or a `turns` list; found {raw.column_names}")
-
-        def to_record(r):
-            prompt = r["prompt"] if r.get("prompt") is not None else r["turns"][0]
-            return {"prompt": prompt, "category": r.get("category") or os.path.basename(source)}
-
-        prompts = raw.map(to_record, remove_columns=raw.column_names)
     else:
-        known = ", ".join(sorted(PROMPT_SETS) + sorted(MIXTURES))
-        raise FileNotFoundError(f"Unknown prompt source {source!r}: not a file and not one of {known}")
+        raise FileNotFoundError(_unknown_source_message(source))
     if limit is not None:
         prompts = prompts.select(range(min(limit, len(prompts))))
     return prompts

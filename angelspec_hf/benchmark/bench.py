@@ -21,6 +21,7 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
+from ..arguments import drafter_spec, non_negative_int, positive_int, positive_int_list, schedule_list
 from ..generation.dcut import load_cost_model
 from ..generation.engine import resident_memory_bytes
 from ..metrics import SpeculationStats, SpeculativeAcceptance
@@ -32,16 +33,16 @@ NEAR_TIE_GAP = 1e-3
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="smollm2", help="target model (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument(
-        "--drafter", action="append", default=[],
+        "--drafter", action="append", default=[], type=drafter_spec,
         help="drafter folder; repeat for several; DIR@SCHEDULES runs that drafter with its own schedules (e.g. DIR@dcut,fixed-15)",
     )
     parser.add_argument("--prompts", default="mt_bench", help="prompt set name or JSONL file (`prompt` or `turns`)")
     parser.add_argument("--data-dir", default=None, help="local prompt folder (default ../shared/data)")
-    parser.add_argument("--limit", type=int, default=None, help="first N prompts")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--num-draft-tokens", type=int, default=None, help="override each drafter's most tokens per round")
+    parser.add_argument("--limit", type=positive_int, default=None, help="first N prompts")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128)
+    parser.add_argument("--num-draft-tokens", type=positive_int, default=None, help="override each drafter's most tokens per round")
     parser.add_argument(
-        "--schedules", default="dcut",
+        "--schedules", default="dcut", type=schedule_list,
         help="comma-separated verify-depth schedules to run each drafter with: dcut (adaptive, default), "
         "fixed-K (verify K drafted tokens, e.g. fixed-1,fixed-3), heuristic (transformers' rule)",
     )
@@ -50,22 +51,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also run each reduced-vocabulary drafter with the target's full lm_head (what the reduced head saves)",
     )
     parser.add_argument(
-        "--concurrency", default=None,
+        "--concurrency", default=None, type=positive_int_list,
         help="comma-separated request concurrencies (e.g. 1,4,8,16,32,64): benchmark the batched engine instead, "
         "batched AR vs each drafter with each policy (dcut, fixed-K) at each concurrency",
     )
-    parser.add_argument("--min-requests", type=int, default=8, help="engine benchmark: requests per concurrency at least")
+    parser.add_argument("--min-requests", type=positive_int, default=8, help="engine benchmark: requests per concurrency at least")
     parser.add_argument(
-        "--prompt-lookup", type=int, default=0,
+        "--prompt-lookup", type=non_negative_int, default=0,
         help="also run transformers' prompt lookup decoding with this many tokens per round (0: off)",
     )
     parser.add_argument(
-        "--early-exit-assistant", type=int, default=0,
+        "--early-exit-assistant", type=non_negative_int, default=0,
         help="also run transformers' assisted generation (heuristic schedule) with an assistant made of the target's "
         "first N layers (0: off)",
     )
     parser.add_argument(
-        "--repeats", type=int, default=1,
+        "--repeats", type=positive_int, default=1,
         help="time each generation (engine: each run, taking turns) this many times and report the median",
     )
     parser.add_argument("--output", default=None, help="write results as JSON here")

@@ -17,6 +17,7 @@ import os
 import statistics
 from dataclasses import dataclass
 
+from ..arguments import positive_int
 from .bench import (
     Method, assisted_heuristic_method, drafter_methods, load_drafter, machine_state, markdown_table, method_row,
     method_table_header, prompt_lookup_method, run_benchmark,
@@ -350,9 +351,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--quick", action="store_true", help="a small slice (one prompt per domain, short outputs)")
     parser.add_argument("--drafters-dir", default="model_cards", help="folder holding the drafter model cards")
     parser.add_argument("--data-dir", default=None, help="local prompt folder (default ../shared/data)")
-    parser.add_argument("--prompts-per-domain", type=int, default=None, help="override the size's prompts per domain")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="override the size's new tokens per prompt")
-    parser.add_argument("--repeats", type=int, default=None, help="time each generation this many times (median)")
+    parser.add_argument("--prompts-per-domain", type=positive_int, default=None, help="override the size's prompts per domain")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=None, help="override the size's new tokens per prompt")
+    parser.add_argument("--repeats", type=positive_int, default=None, help="time each generation this many times (median)")
     parser.add_argument("--output-dir", default="benchmarks/latest", help="results.json and the PNG plots")
     parser.add_argument("--benchmarks-md", default=None, help="write the Markdown report here (e.g. BENCHMARKS.md)")
     parser.add_argument(

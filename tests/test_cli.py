@@ -1,0 +1,212 @@
+"""`angelspec` reports a mistake in its arguments or input files in one line, with exit status 2, before any model
+loads; arguments that are right get through to the model load."""
+
+import json
+import os
+
+import pytest
+
+from angelspec_hf import targets
+from angelspec_hf.cli import main
+from angelspec_hf.prompts import load_prompts
+
+
+@pytest.fixture(autouse=True)
+def no_model_loads(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(targets, "load_target", refuse)
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"Tell me about {n}."}) + "\n" for n in range(8)))
+    return path
+
+
+@pytest.fixture
+def drafter(tmp_path):
+    path = tmp_path / "drafter"
+    path.mkdir()
+    return path
+
+
+def usage_error(capsys, *argv) -> str:
+    """Run `angelspec *argv`, expect exit status 2 and no traceback; the error line it printed."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(arg) for arg in argv])
+    assert exit_info.value.code == 2
+    stderr = capsys.readouterr().err
+    assert "Traceback" not in stderr and "error: " in stderr
+    return stderr.strip().splitlines()[-1]
+
+
+def one_line_error(capsys, *argv) -> str:
+    """As `usage_error`, for a mistake found on disk: a single line, no usage text."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(arg) for arg in argv])
+    assert exit_info.value.code == 2
+    stderr = capsys.readouterr().err
+    assert stderr.count("\n") == 1 and stderr.startswith(f"angelspec {argv[0]}: error: "), stderr
+    return stderr.strip()
+
+
+def batch_error(capsys, tmp_path, prompt_file) -> str:
+    return one_line_error(capsys, "batch", "--prompts", prompt_file, "--output", tmp_path / "out.jsonl")
+
+
+def test_unwritable_output_is_reported_before_the_run(capsys, tmp_path, prompts):
+    (tmp_path / "blocker").write_text("a file, not a folder")
+    error = one_line_error(capsys, "batch", "--prompts", prompts, "--output", tmp_path / "blocker" / "out.jsonl")
+    assert "--output" in error and "blocker is a file" in error
+    error = one_line_error(capsys, "bench", "--prompts", prompts, "--output", tmp_path)
+    assert "is a folder" in error
+    error = one_line_error(capsys, "profile", "--output", tmp_path / "blocker" / "cost.json")
+    assert "blocker is a file" in error
+    error = one_line_error(capsys, "suite", "--drafters-dir", tmp_path, "--output-dir", tmp_path / "blocker")
+    assert "--output-dir" in error and "not a folder" in error
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a read-only folder")
+def test_read_only_output_folder(capsys, tmp_path, prompts):
+    folder = tmp_path / "read-only"
+    folder.mkdir(mode=0o555)
+    error = one_line_error(capsys, "batch", "--prompts", prompts, "--output", folder / "new" / "out.jsonl")
+    assert f"cannot be written, {folder} is read-only" in error
+
+
+def test_malformed_jsonl_names_its_line(capsys, tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "Hi."}\n\n{"prompt": "Hello"\n{"prompt": "Later."}\n')
+    assert f"{path} line 3: not valid JSON" in batch_error(capsys, tmp_path, path)
+
+
+def test_record_without_prompt_or_turns(capsys, tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "Hi."}\n{"question": "Why?"}\n')
+    error = batch_error(capsys, tmp_path, path)
+    assert f'{path} line 2: a record needs a "prompt" string or a "turns" list; its keys: "question"' in error
+
+
+@pytest.mark.parametrize("value, shown", [(None, "null"), (42, "42"), ("", '""'), ("  ", '"  "')])
+def test_prompt_must_be_a_non_empty_string(capsys, tmp_path, value, shown):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"prompt": "Hi."}) + "\n" + json.dumps({"prompt": value}) + "\n")
+    assert f'{path} line 2: "prompt" must be a non-empty string, got {shown}' in batch_error(capsys, tmp_path, path)
+
+
+@pytest.mark.parametrize("turns", [[], "Hi.", [1, 2], None])
+def test_turns_must_be_a_non_empty_list_of_strings(capsys, tmp_path, turns):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"turns": turns, "prompt": None} if turns is None else {"turns": turns}) + "\n")
+    error = batch_error(capsys, tmp_path, path)
+    expected = '"prompt" must be a non-empty string' if turns is None else '"turns" must be a non-empty list of strings'
+    assert f"{path} line 1: {expected}" in error
+
+
+def test_non_utf8_file(capsys, tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"prompt": "Hi."}\n{"prompt": "caf\xe9"}\n')
+    assert f"{path} line 2: not UTF-8 text (byte 0xe9 at offset 33)" in batch_error(capsys, tmp_path, path)
+
+
+@pytest.mark.parametrize("content", ["", "\n  \n", "[]"])
+def test_empty_prompt_file(capsys, tmp_path, content):
+    path = tmp_path / "empty.jsonl"
+    path.write_text(content)
+    assert f"{path} is empty" in batch_error(capsys, tmp_path, path)
+
+
+def test_unknown_prompt_source(capsys, tmp_path):
+    missing = tmp_path / "missing.jsonl"
+    assert f"{missing}: no such prompt file" in batch_error(capsys, tmp_path, missing)
+    error = one_line_error(capsys, "regenerate", "--sources", "mt_bench,no_such_set", "--output", tmp_path / "r.gz")
+    assert "Unknown prompt source 'no_such_set': not a file and not one of" in error
+
+
+def test_bench_concurrency_must_be_a_list_of_positive_integers(capsys, prompts):
+    for value in ("abc", "0", "1,,4", "2,-1"):
+        error = usage_error(capsys, "bench", "--prompts", prompts, "--concurrency", value)
+        assert "argument --concurrency: must be comma-separated positive integers" in error
+
+
+def test_bench_limits_must_be_positive(capsys, prompts):
+    assert "argument --limit: must be a positive integer, got '0'" in usage_error(capsys, "bench", "--limit", "0")
+    assert "argument --repeats: must be a positive integer" in usage_error(capsys, "bench", "--repeats", "0")
+    assert "argument --prompt-lookup" in usage_error(capsys, "bench", "--prompt-lookup", "-1")
+    error = one_line_error(capsys, "bench", "--prompts", prompts, "--concurrency", "1,16", "--limit", "4")
+    assert "--limit 4 leaves too few prompts" in error and "needs 16" in error
+
+
+def test_bench_schedules_are_checked(capsys, drafter):
+    assert "argument --schedules" in usage_error(capsys, "bench", "--schedules", "dcut,constant")
+    assert "argument --drafter" in usage_error(capsys, "bench", "--drafter", f"{drafter}@fixed-0")
+
+
+def test_profile_rows_and_repeats_must_be_positive(capsys):
+    assert "argument --rows: must be comma-separated positive integers" in usage_error(capsys, "profile", "--rows", "0")
+    assert "argument --rows" in usage_error(capsys, "profile", "--rows", "1,x")
+    assert "argument --repeats: must be a positive integer" in usage_error(capsys, "profile", "--repeats", "0")
+
+
+def test_suite_sizes_and_drafters_dir(capsys, tmp_path):
+    assert "argument --repeats: must be a positive integer" in usage_error(capsys, "suite", "--repeats", "0")
+    error = one_line_error(capsys, "suite", "--drafters-dir", tmp_path / "no-cards", "--output-dir", tmp_path / "out")
+    assert "--drafters-dir" in error and "no such folder" in error
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "hot"])
+def test_negative_temperature_is_an_error(capsys, tmp_path, prompts, value):
+    error = usage_error(capsys, "batch", "--prompts", prompts, "--output", tmp_path / "o.jsonl", "--temperature", value)
+    assert f"argument --temperature: must be a number >= 0 (0: greedy), got '{value}'" in error
+
+
+def test_nonexistent_drafter_says_so(capsys, tmp_path, prompts):
+    output = tmp_path / "out.jsonl"
+    missing = tmp_path / "no-drafter"
+    error = one_line_error(capsys, "batch", "--drafter", missing, "--prompts", prompts, "--output", output)
+    assert f"--drafter {missing}: no drafter folder of that name" in error
+    error = one_line_error(capsys, "batch", "--drafter", "my-drafter", "--prompts", prompts, "--output", output)
+    assert "--drafter my-drafter: no drafter folder of that name (and it is not a Hub id available offline)" in error
+    error = one_line_error(capsys, "demo", "--drafter", "./my-drafter")
+    assert "no drafter folder" in error and "Hub id" not in error
+    error = one_line_error(capsys, "bench", "--drafter", f"{tmp_path / 'missing'}@dcut", "--prompts", prompts)
+    assert f"--drafter {tmp_path / 'missing'}: no drafter folder" in error
+    error = one_line_error(capsys, "bench", "--target", tmp_path / "no-target", "--prompts", prompts)
+    assert "no target folder" in error
+
+
+def test_right_arguments_get_through_to_the_model_load(tmp_path, prompts, drafter):
+    """Nothing is written while checking: the output folder does not exist until the run writes it."""
+    output = tmp_path / "results" / "out.json"
+    command_lines = [
+        ["bench", "--drafter", drafter, "--drafter", f"{drafter}@fixed-2,dcut,heuristic", "--prompts", prompts,
+         "--schedules", "dcut,fixed-2,heuristic", "--prompt-lookup", "3", "--output", output],
+        ["bench", "--drafter", f"{drafter}@fixed-1,dcut", "--prompts", prompts, "--concurrency", "1, 4",
+         "--min-requests", "5", "--repeats", "2", "--output", output],
+        ["batch", "--drafter", drafter, "--prompts", f"{prompts}+{prompts}", "--policy", "fixed-2",
+         "--temperature", "0", "--output", output],
+        ["profile", "--rows", "4,1", "--repeats", "1", "--output", output],
+        ["suite", "--drafters-dir", tmp_path, "--output-dir", tmp_path / "results" / "suite"],
+    ]
+    for argv in command_lines:
+        with pytest.raises(AssertionError, match="a model was loaded"):
+            main([str(arg) for arg in argv])
+    assert not (tmp_path / "results").exists()
+
+
+def test_prompt_files_keep_their_formats(tmp_path):
+    lines = tmp_path / "mixed.jsonl"
+    lines.write_text(
+        "\ufeff" + json.dumps({"prompt": "Say hi.", "category": "chat"}) + "\n\n"
+        + json.dumps({"turns": ["Name a colour.", "Why?"]}) + "\r\n"
+        + json.dumps({"prompt": None, "turns": ["Count."]}) + "\n"
+    )
+    rows = load_prompts(str(lines))
+    assert rows["prompt"] == ["Say hi.", "Name a colour.", "Count."]
+    assert rows["category"] == ["chat", "mixed.jsonl", "mixed.jsonl"]
+    array = tmp_path / "array.json"
+    array.write_text(json.dumps([{"prompt": "One."}, {"turns": ["Two."]}], indent=1))
+    assert load_prompts(str(array), limit=1)["prompt"] == ["One."]
