@@ -1,5 +1,7 @@
 # Two commands on a fresh machine: `make demo` and `make test` (each creates .venv and installs on first use).
 VENV ?= .venv
+# One pytest worker per core (each with one torch thread, tests/conftest.py); the χ² tests dominate the run.
+TEST_WORKERS ?= $(shell nproc)
 PYTHON := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
@@ -19,7 +21,7 @@ demo: install
 	$(PYTHON) -m angelspec_hf.cli demo
 
 test: install
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS)
 
 bench: install
 	$(PYTHON) -m angelspec_hf.cli bench --drafter model_cards/smollm2-135m-instruct-mtp --prompts mt_bench --max-new-tokens 128 --output results/mt_bench.json

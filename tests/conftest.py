@@ -13,6 +13,9 @@ from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 import angelspec_hf  # noqa: E402,F401  (registers drafters, routes generate)
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one worker per core: more threads per worker would only oversubscribe
+    torch.set_num_threads(1)
+
 ARCHITECTURES = ["llama", "qwen2", "qwen3", "mistral"]
 
 

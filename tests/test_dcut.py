@@ -155,3 +155,35 @@ def test_drafting_stops_only_when_no_further_depth_can_beat_the_best_cut():
                 extension = last[:, None] * torch.rand(rows, more, generator=generator, dtype=torch.float64).cumprod(-1)
                 assert best_cut(extension) <= current + 1e-12, trial
     assert stops > 20 and continues > 20
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"rows": [0]}, {"tokens": [0, 1]}, {"tokens": [2, 1]}, {"rows": []}, {"seconds": [[1e9, 1e9]]}, {"seconds": [[0.1, -1.0]]}],
+)
+def test_invalid_profile_values_are_re_measured_with_a_warning(tmp_path, change):
+    target = make_target("qwen2", seed=9, dtype=torch.float32)
+    path = str(tmp_path / "cost.json")
+    data = {"rows": [1], "tokens": [1, 2], "seconds": [[0.1, 0.2]], "context": 8, "machine": {}}
+    data.update(change)
+    with open(path, "w") as stream:
+        json.dump(data, stream)
+    with pytest.warns(UserWarning, match="not a valid verify-cost profile"):
+        model = dcut.load_cost_model(target, path)
+    assert model.problem() is None and model.rows == [1] and VerifyCostModel.load(path) == model
+
+
+def test_an_unwritable_profile_cache_warns_and_goes_on(tmp_path):
+    target = make_target("qwen2", seed=9, dtype=torch.float32)
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder should be")
+    with pytest.warns(UserWarning, match="Could not cache the verify-cost profile"):
+        model = dcut.load_cost_model(target, str(blocker / "verify_cost" / "cost.json"))
+    assert model.problem() is None and model(1, 2) > 0
+
+
+def test_profiling_refuses_empty_or_zero_sizes_before_measuring():
+    target = make_target("qwen2", seed=9, dtype=torch.float32)
+    for rows, tokens, repeats in [([0], [1], 1), ([1], [0], 1), ([], [1], 1), ([1], [1], 0)]:
+        with pytest.raises(ValueError, match="rows|tokens|repeats"):
+            dcut.profile_verify_cost(target, rows=rows, tokens=tokens, repeats=repeats, progress=False)

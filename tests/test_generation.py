@@ -32,12 +32,12 @@ class OracleMTPDrafter(AngelSpecMTPDrafter):
         self.generation_config.num_assistant_tokens_schedule = "constant"
 
     def propose(self, state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting=None):
-        if self.random_confidence:  # the generator records a random draft probability for each chosen token
-            generator, real_choose = choose.__self__, choose
+        if self.random_confidence:  # the drafting round records a random draft probability for each chosen token
+            drafting, real_choose = choose.__self__, choose
 
             def choose(logits):
                 token = real_choose(logits)
-                generator.drafting.probabilities[-1] = torch.tensor([self.rng.uniform(0.3, 1.0)])
+                drafting.probabilities[-1] = drafting.known_before[-1] = torch.tensor([self.rng.uniform(0.3, 1.0)])
                 return token
 
         draft_ids, draft_logits = super().propose(state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting)

@@ -78,19 +78,15 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         self.state = drafter.new_draft_state()
         self.num_seen = 0
         self.num_drafted = 0
-        self.drafting = DraftRound()
+        self.drafting = self.new_round()
         self.step_seconds = 0.0  # one sequential drafting step, measured (optimistic 0 until measured)
         self.verified_confidence = torch.zeros(0)
         self.stats = SpeculationStats()
         drafter.speculation_stats = self.stats
 
-    def choose(self, logits: torch.Tensor) -> torch.LongTensor:
-        """Greedy: argmax. Sampling: draw from q = softmax(logits / T), the q reported to rejection sampling.
-        Records q of the chosen token, D-cut's confidence input."""
-        probabilities = (logits.float() / self.temperature).softmax(-1)
-        token = torch.multinomial(probabilities, 1)[:, 0] if self.do_sample else logits.argmax(-1)
-        self.drafting.record(probabilities.gather(-1, token[:, None])[:, 0])
-        return token
+    def new_round(self) -> DraftRound:
+        """Greedy: argmax. Sampling: draw from q = softmax(logits / T), the q reported to rejection sampling."""
+        return DraftRound(torch.tensor([self.temperature]), sampled=[self.do_sample])
 
     def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, **kwargs):
         if is_first_iteration:  # let the target prefill first: its hidden states condition the first draft
@@ -101,10 +97,11 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         new_tokens = input_ids[:, self.num_seen + 1 :]
         self.num_seen = length - 1
         self.num_drafted = max(0, min(self.num_tokens, self.max_length - length - 1))
-        self.drafting = DraftRound()
+        self.drafting = self.new_round()
         draft_ids, draft_logits = self.drafter.propose(
-            self.state, hidden, new_tokens, self.num_drafted, self.choose, keep_drafting=self.keep_drafting
+            self.state, hidden, new_tokens, self.num_drafted, self.drafting.choose, keep_drafting=self.keep_drafting
         )
+        draft_ids = draft_ids[:, : self.drafting.usable_steps()[0]]  # a broken drafter's non-finite scores: no draft
         draft_ids = self.cut_before_stop_string(input_ids, draft_ids)
         if self.schedule == "dcut":
             draft_ids = self.dcut(draft_ids, draft_seconds=time.perf_counter() - self.drafting.start)
@@ -132,8 +129,8 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         if count == 0:
             self.verified_confidence = torch.zeros(0)
             return draft_ids
-        raw = self.drafting.raw_confidence()[0, :count]
-        depth = dcut_depths([self.calibrator(raw)], self.verify_seconds, draft_seconds)[0]
+        raw = self.drafting.confidence()[0, :count]
+        depth = dcut_depths([self.calibrator(raw)], self.verify_seconds, draft_seconds, sampled=[self.do_sample])[0]
         self.verified_confidence = raw[:depth]
         return draft_ids[:, :depth]
 

@@ -31,6 +31,7 @@ from transformers import DynamicCache
 from tqdm.auto import tqdm
 
 PROFILED_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+MAX_VERIFY_SECONDS = 600.0  # a profiled forward slower than this is a corrupt profile, not a measurement
 
 
 def machine_description(target) -> dict:
@@ -77,12 +78,44 @@ class VerifyCostModel:
     def load(cls, path: str) -> "VerifyCostModel":
         with open(path) as stream:
             data = json.load(stream)
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} is not a verify-cost profile (a JSON object)")
         model = cls(**data)
-        shape_ok = len(model.seconds) == len(model.rows) and all(len(line) == len(model.tokens) for line in model.seconds)
-        values_ok = all(math.isfinite(value) and value > 0 for line in model.seconds for value in line)
-        if not (shape_ok and values_ok and model.rows and model.tokens):
-            raise ValueError(f"{path} is not a valid verify-cost profile")
+        problem = model.problem()
+        if problem is not None:
+            raise ValueError(f"{path} is not a valid verify-cost profile: {problem}")
         return model
+
+    def problem(self) -> str | None:
+        """What makes this profile unusable, or None: rows and tokens must be increasing positive integers, and
+        every latency a positive finite number of seconds below `MAX_VERIFY_SECONDS`."""
+        for name, values in (("rows", self.rows), ("tokens", self.tokens)):
+            problem = _counts_problem(name, values)
+            if problem is not None:
+                return problem
+        if not isinstance(self.seconds, list) or len(self.seconds) != len(self.rows) or not all(
+            isinstance(line, list) and len(line) == len(self.tokens) for line in self.seconds
+        ):
+            return f"seconds must be {len(self.rows)} lists of {len(self.tokens)} latencies (rows × tokens)"
+        bad = next((v for line in self.seconds for v in line if not _is_number(v) or not 0 < v <= MAX_VERIFY_SECONDS), None)
+        if bad is not None:
+            return f"latency {bad!r} is not a number of seconds in (0, {MAX_VERIFY_SECONDS:g}]"
+        return None
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _counts_problem(name: str, values) -> str | None:
+    """Why `values` is not a non-empty increasing list of positive integers, or None."""
+    if not isinstance(values, (list, tuple)) or not values:
+        return f"{name} must be a non-empty list of positive integers, got {values!r}"
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+        return f"{name} must be positive integers, got {list(values)}"
+    if any(b <= a for a, b in zip(values, values[1:])):
+        return f"{name} must be increasing, got {list(values)}"
+    return None
 
 
 def _interpolate(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
@@ -103,6 +136,13 @@ def profile_verify_cost(
     progress: bool = True,
 ) -> VerifyCostModel:
     """Time target forwards of `rows` × `tokens` new tokens over a `context`-token KV cache (median of `repeats`)."""
+    rows, tokens = sorted(set(rows)), sorted(set(tokens))
+    for name, values in (("rows", rows), ("tokens", tokens)):
+        problem = _counts_problem(name, values)
+        if problem is not None:
+            raise ValueError(problem)
+    if not isinstance(repeats, int) or repeats < 1 or not isinstance(context, int) or context < 1:
+        raise ValueError(f"repeats and context must be positive integers, got repeats={repeats!r}, context={context!r}")
     vocab = target.config.get_text_config().vocab_size
     generator = torch.Generator().manual_seed(0)
     seconds = []
@@ -140,7 +180,8 @@ _LOADED: dict[str, VerifyCostModel] = {}
 
 def load_cost_model(target, path: str | None = None, rows: Sequence[int] = (1,)) -> VerifyCostModel:
     """The cached profile of `target` on this machine; profiled (with a progress bar) and cached when missing,
-    or, with a warning, when the cache is unreadable or lacks the batch sizes asked for."""
+    or, with a warning, when the cache is unreadable, holds invalid values, or lacks the batch sizes asked for. A
+    cache folder that cannot be written is warned about, and the measured profile is used without saving it."""
     path = path or cost_model_path(target)
     if path in _LOADED and set(rows) <= set(_LOADED[path].rows):
         return _LOADED[path]
@@ -152,7 +193,10 @@ def load_cost_model(target, path: str | None = None, rows: Sequence[int] = (1,))
             warnings.warn(f"Verify-cost profile {path} is unreadable ({error}); profiling this machine again.")
     if model is None or not set(rows) <= set(model.rows):
         model = profile_verify_cost(target, rows=sorted(set(rows) | set(model.rows if model else ())))
-        model.save(path)
+        try:
+            model.save(path)
+        except OSError as error:
+            warnings.warn(f"Could not cache the verify-cost profile at {path} ({error}); using it without saving.")
     _LOADED[path] = model
     return model
 
@@ -168,11 +212,11 @@ class ConfidenceCalibrator:
         self.accepted = torch.zeros(num_bins, dtype=torch.float64)
 
     def _bins(self, raw: torch.Tensor) -> torch.LongTensor:
-        return (raw.double().clamp(0, 1) * self.num_bins).long().clamp(max=self.num_bins - 1)
+        return (_unit(raw) * self.num_bins).long().clamp(max=self.num_bins - 1)
 
     def __call__(self, raw: torch.Tensor) -> torch.Tensor:
         """Calibrated confidences, non-increasing along the last dimension (a longer prefix is never likelier)."""
-        bins, raw = self._bins(raw), raw.double().clamp(0, 1)
+        bins, raw = self._bins(raw), _unit(raw)
         rate = (self.accepted[bins] + self.prior_weight * raw) / (self.tried[bins] + self.prior_weight)
         return rate.cummin(dim=-1).values if raw.dim() else rate
 
@@ -193,32 +237,80 @@ class ConfidenceCalibrator:
         ]
 
 
+def _unit(raw: torch.Tensor) -> torch.Tensor:
+    """Confidences as float64 in [0, 1], a non-finite one read as 0."""
+    return raw.double().nan_to_num(0.0, posinf=0.0, neginf=0.0).clamp(0, 1)
+
+
 def prefix_confidence(draft_probabilities: torch.Tensor) -> torch.Tensor:
     """c_k = Π_{j ≤ k} q_j(x_j): [..., K] probabilities of the drafted tokens to their prefix products."""
     return draft_probabilities.double().cumprod(dim=-1)
 
 
-class DraftRound:
-    """One round of sequential drafting as D-cut sees it: the draft probability of each chosen token (one value per
-    row and step) and when each step finished; shared by `generate()`'s candidate generator and the batched engine."""
+_warned_non_finite = False
 
-    def __init__(self):
+
+class DraftRound:
+    """One round of sequential drafting, shared by `generate()`'s candidate generator and the batched engine: picks
+    each row's token from the draft logits (argmax, or a draw from q = softmax(logits / T)), and records what the
+    verify policy needs — each step's confidence inputs, which steps had usable (finite) scores, and timing.
+
+    Confidence of step k (`confidence()`): c_k = Π_{j<k} q_j(x_j) · m_k, where m_k is known before x_k is drawn:
+    max q_k for a greedy row (so c_k is the prefix product Π_{j≤k} q_j(x_j) of §4), E_{x~q_k}[q_k(x)] = Σ q_k² for
+    a sampled row. Rejection sampling is exact only if whether x_k is verified does not depend on x_k itself, so a
+    sampled row's confidence at k must not read x_k (`dcut_depths` also decides such rows position by position).
+    A row whose draft scores turn non-finite (a broken drafter) drafts nothing usable from that step on.
+    """
+
+    def __init__(self, temperatures: torch.Tensor | None = None, sampled: Sequence[bool] = (False,), generators=None):
         self.start = time.perf_counter()
-        self.probabilities: list[torch.Tensor] = []
+        self.sampled = torch.tensor(list(sampled), dtype=torch.bool)
+        self.temperatures = temperatures
+        self.generators = generators if generators is not None else [None] * len(self.sampled)
+        self.probabilities: list[torch.Tensor] = []  # q_k(x_k) per row
+        self.known_before: list[torch.Tensor] = []  # m_k per row
+        self.usable: list[torch.Tensor] = []  # finite scores up to and including step k, per row
         self.finished_at: list[float] = []
 
-    def record(self, chosen_probabilities: torch.Tensor) -> None:
-        """After a drafting step: q(x) of the token chosen in each row."""
-        self.probabilities.append(chosen_probabilities)
+    def choose(self, logits: torch.Tensor) -> torch.LongTensor:
+        """The drafted token of each row from its draft-vocabulary logits [rows, V]."""
+        scaled = logits.float() if self.temperatures is None else logits.float() / self.temperatures[:, None].to(logits.device)
+        probabilities = scaled.softmax(-1)
+        finite = torch.isfinite(probabilities).all(-1).cpu()
+        if not bool(finite.all()):
+            _warn_non_finite()
+            probabilities = torch.where(finite[:, None].to(probabilities.device), probabilities, 1.0 / probabilities.shape[-1])
+        token = logits.argmax(-1)
+        for row in self.sampled.nonzero()[:, 0].tolist():
+            token[row] = torch.multinomial(probabilities[row], 1, generator=self.generators[row])[0]
+        chosen = probabilities.gather(-1, token[:, None])[:, 0].cpu()
+        known = torch.where(self.sampled, probabilities.square().sum(-1).cpu(), probabilities.max(-1).values.cpu())
+        usable = finite & (self.usable[-1] if self.usable else True)
+        self.record(torch.where(usable, chosen, 0.0), torch.where(usable, known, 0.0), usable)
+        return token
+
+    def record(self, chosen: torch.Tensor, known_before: torch.Tensor | None = None, usable: torch.Tensor | None = None) -> None:
+        """After a drafting step: q(x) of the token chosen in each row (and m, the usable flags)."""
+        self.probabilities.append(chosen.cpu())
+        self.known_before.append((chosen if known_before is None else known_before).cpu())
+        self.usable.append(torch.ones_like(chosen, dtype=torch.bool).cpu() if usable is None else usable.cpu())
         self.finished_at.append(time.perf_counter())
 
     def chosen_probabilities(self) -> torch.Tensor:
         """The draft probabilities so far, [rows, steps], on the CPU."""
-        return torch.stack(self.probabilities, 1).cpu()
+        return torch.stack(self.probabilities, 1)
 
-    def raw_confidence(self) -> torch.Tensor:
-        """Prefix products of the draft probabilities so far, [rows, steps]."""
-        return prefix_confidence(self.chosen_probabilities())
+    def confidence(self) -> torch.Tensor:
+        """c_k = Π_{j<k} q_j(x_j) · m_k for the steps so far, [rows, steps] (see the class docstring)."""
+        chosen, known = self.chosen_probabilities().double(), torch.stack(self.known_before, 1).double()
+        before = torch.cat([torch.ones_like(chosen[:, :1]), chosen[:, :-1]], 1).cumprod(-1)
+        return before * known
+
+    def usable_steps(self) -> list[int]:
+        """Per row, how many leading steps had finite draft scores (only those may be verified)."""
+        if not self.usable:
+            return [0] * len(self.sampled)
+        return torch.stack(self.usable, 1).long().cumprod(-1).sum(-1).tolist()
 
     def step_seconds(self, previous: float) -> float:
         """Mean time of a drafting step after the first (`previous` until two steps are measured)."""
@@ -232,26 +324,72 @@ class DraftRound:
 
     def worth_continuing(self, calibrator, verify_seconds, max_draft: int, step_seconds: float) -> bool:
         """D-cut's early exit after a step (`worth_drafting_further` on the calibrated confidences so far)."""
-        confidences = list(calibrator(self.raw_confidence()))
+        confidences = list(calibrator(self.confidence()))
         return worth_drafting_further(confidences, verify_seconds, max_draft, time.perf_counter() - self.start, step_seconds)
 
 
+def _warn_non_finite() -> None:
+    global _warned_non_finite
+    if not _warned_non_finite:
+        _warned_non_finite = True
+        warnings.warn(
+            "The drafter produced non-finite scores (NaN or inf): those drafts are not verified, and the target's "
+            "own tokens are emitted instead (shown once).", RuntimeWarning, stacklevel=3,
+        )
+
+
 def dcut_depths(
-    confidences: Sequence[torch.Tensor], verify_seconds: Callable[[int, int], float], draft_seconds: float = 0.0
+    confidences: Sequence[torch.Tensor],
+    verify_seconds: Callable[[int, int], float],
+    draft_seconds: float = 0.0,
+    sampled: Sequence[bool] | None = None,
 ) -> list[int]:
     """How many drafted tokens of each request to verify: the best prefix of the global confidence ranking.
 
     `confidences[r]` holds request r's calibrated, non-increasing confidences; `verify_seconds(rows, width)` is the
     cost model (each row padded to the widest). Ties rank the earlier position first, so every request's selected
     tokens form a prefix of its draft.
+
+    Rows whose drafts were sampled (`sampled[r]`) are decided position by position: position k joins the verified
+    set only if the best cut over what is known up to k (every row's confidences up to k; a greedy row's in full)
+    verifies it, and then stays in it. Whether x_k is verified thus never depends on x_k or on anything drafted
+    after it, as speculative rejection sampling requires for the output to keep the target's distribution.
     """
     rows = len(confidences)
+    sampled = list(sampled) if sampled is not None else [False] * rows
+    committed = [0] * rows
+    if any(sampled):
+        open_rows = {r for r in range(rows) if sampled[r] and len(confidences[r])}
+        for k in range(1, max((len(confidences[r]) for r in open_rows), default=0) + 1):
+            view = [c if not sampled[r] else c[: k if r in open_rows else committed[r]] for r, c in enumerate(confidences)]
+            cut = _best_cut(view, verify_seconds, draft_seconds, committed)
+            for r in sorted(open_rows):
+                if cut[r] >= k:
+                    committed[r] = k
+                if cut[r] < k or k == len(confidences[r]):
+                    open_rows.discard(r)
+            if not open_rows:
+                break
+        confidences = [c[: committed[r]] if sampled[r] else c for r, c in enumerate(confidences)]
+    return _best_cut(confidences, verify_seconds, draft_seconds, committed)
+
+
+def _best_cut(confidences, verify_seconds, draft_seconds: float, committed: Sequence[int]) -> list[int]:
+    """The best prefix of the confidence ranking, every row verifying at least its `committed` leading tokens."""
+    rows = len(confidences)
     ranking = sorted(
-        ((float(value), position, request) for request, values in enumerate(confidences) for position, value in enumerate(values.tolist())),
+        (
+            (float(value), position, request)
+            for request, values in enumerate(confidences)
+            for position, value in enumerate(values.tolist())
+            if position >= committed[request]
+        ),
         key=lambda item: (-item[0], item[1]),
     )
-    depths, expected, width = [0] * rows, float(rows), 1
-    best_rate, best_count = expected / (draft_seconds + verify_seconds(rows, 1)), 0
+    depths = list(committed)
+    expected = rows + sum(float(values[: committed[r]].sum()) for r, values in enumerate(confidences))
+    width = 1 + max(depths, default=0)
+    best_rate, best_count = expected / (draft_seconds + verify_seconds(rows, width)), 0
     for count, (value, _, request) in enumerate(ranking, start=1):
         depths[request] += 1
         expected += value
@@ -259,7 +397,7 @@ def dcut_depths(
         rate = expected / (draft_seconds + verify_seconds(rows, width))
         if rate > best_rate:
             best_rate, best_count = rate, count
-    chosen = [0] * rows
+    chosen = list(committed)
     for _, _, request in ranking[:best_count]:
         chosen[request] += 1
     return chosen

@@ -20,6 +20,7 @@ batch-size 1, and servers such as vLLM are outside it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import warnings
@@ -31,7 +32,7 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 
 from ..cache_utils import RaggedCache
 from ..metrics import SpeculationStats
-from .dcut import ConfidenceCalibrator, DraftRound, dcut_depths, load_cost_model, prefix_confidence
+from .dcut import ConfidenceCalibrator, DraftRound, dcut_depths, load_cost_model
 
 PROFILED_ROWS = (1, 2, 4, 8, 16, 32, 64)
 REPROBE_ROUNDS = 8  # after this many rounds without drafting D-cut drafts once anyway, to keep its estimate current
@@ -92,6 +93,7 @@ class _Row:
     next_token: int
     pending_hidden: tuple[torch.Tensor, ...] = ()
     pending_tokens: list[int] = field(default_factory=list)
+    heuristic_depth: int = 0  # the `heuristic` policy's current depth for this request
 
     @property
     def remaining(self) -> int:
@@ -110,12 +112,14 @@ class _Row:
 
 
 def parse_policy(policy: str | int) -> int | None:
-    """`"dcut"` -> None; `"fixed-K"`, `"K"` or K -> K drafted tokens verified per request."""
-    if policy == "dcut":
+    """`"dcut"` or `"heuristic"` -> None; `"fixed-K"`, `"K"` or K -> K drafted tokens verified per request."""
+    if policy in ("dcut", "heuristic"):
         return None
     text = str(policy).removeprefix("fixed-")
     if not text.isdigit():
-        raise ValueError(f"policy must be 'dcut' or 'fixed-K' (K drafted tokens verified per request), got {policy!r}")
+        raise ValueError(
+            f"policy must be 'dcut', 'heuristic' or 'fixed-K' (K drafted tokens verified per request), got {policy!r}"
+        )
     return int(text)
 
 
@@ -175,16 +179,21 @@ class SpeculativeEngine:
         cost_model=None,
         tokenizer=None,
     ):
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        if not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
+        if memory_budget_bytes is not None and memory_budget_bytes <= 0:
+            raise ValueError(f"memory_budget_bytes must be positive (None: half the free memory), got {memory_budget_bytes}")
         self.target = target
         self.drafter = drafter
         self.fixed_depth = parse_policy(policy)
-        self.policy = "dcut" if self.fixed_depth is None else f"fixed-{self.fixed_depth}"
+        self.heuristic = policy == "heuristic"  # transformers' rule per request: +2 after a full acceptance, else -1
+        self.dcut = self.fixed_depth is None and not self.heuristic
+        self.policy = policy if self.fixed_depth is None else f"fixed-{self.fixed_depth}"
         self.max_batch_size = max_batch_size
         self.device = target.device
         self.bytes_per_token = kv_bytes_per_token(target)
-        self.memory_budget_bytes = memory_budget_bytes or available_memory_bytes(self.device) // 2
+        self.memory_budget_bytes = memory_budget_bytes if memory_budget_bytes is not None else available_memory_bytes(self.device) // 2
+        self.vocab_size = target.config.get_text_config().vocab_size
         self.context_limit = getattr(target.config.get_text_config(), "max_position_embeddings", None)
         default_eos = target.generation_config.eos_token_id
         self.default_eos = default_eos if isinstance(default_eos, list) else [] if default_eos is None else [default_eos]
@@ -196,7 +205,7 @@ class SpeculativeEngine:
             self.max_draft = int(num_draft_tokens or drafter.generation_config.num_assistant_tokens)
             if self.fixed_depth is not None:
                 self.max_draft = min(self.max_draft, self.fixed_depth)
-        if drafter is not None and self.fixed_depth is None:
+        if drafter is not None and self.dcut:
             rows = [r for r in PROFILED_ROWS if r < max_batch_size] + [max_batch_size]
             self.verify_seconds = cost_model or load_cost_model(target, rows=rows)
             if getattr(drafter, "dcut_calibrator", None) is None:
@@ -208,67 +217,103 @@ class SpeculativeEngine:
         self.first_draft_seconds: float | None = None  # running estimate: reading the verified tokens + first step
         self.rounds_without_draft = 0
         self.reprobe_interval = REPROBE_ROUNDS
+        self._submitted = 0
+        self._waiting: deque[tuple[Request, RequestOutput]] = deque()
+        self.rows: list[_Row] = []
+        self.cache = RaggedCache(0, self.device)
+        self.draft_state = self.drafter.new_draft_state(0) if self.drafter is not None else None
 
     # -- public API -----------------------------------------------------------------------------------------------
+
+    def submit(self, request, **defaults) -> RequestOutput:
+        """Queue one request (a `Request`, or token ids — a list or a tensor — with `defaults` such as
+        `max_new_tokens`) and return its output, which fills in as `step()` runs. A request that cannot be served
+        (token ids outside the vocabulary, bad sampling settings, no room in the context or in memory) comes back
+        finished at once, `finish_reason="error"` with the reason; it never stops the others. The `Request` object is
+        not modified, so one object may be submitted several times (each is served on its own)."""
+        if not isinstance(request, Request):
+            request = Request(input_ids=request, **defaults)
+        self._submitted += 1
+        request_id = request.request_id if request.request_id is not None else self._submitted - 1
+        input_ids, problem = _token_list(request.input_ids, self.vocab_size)
+        output = RequestOutput(request_id, input_ids)
+        request = dataclasses.replace(request, input_ids=input_ids, request_id=request_id)
+        problem = problem or self._problem(request)
+        if problem is not None:
+            output.finish_reason, output.error = "error", f"request {request_id!r} rejected: {problem}"
+            warnings.warn(output.error)
+        else:
+            self._waiting.append((request, output))
+        return output
+
+    def has_unfinished(self) -> bool:
+        """Whether requests are waiting or running."""
+        return bool(self._waiting or self.rows)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """One engine iteration: admit waiting requests, run one draft-verify round over the batch, retire the
+        finished. A failure in one request's own work (its prefill, acceptance or sampling) finishes that request
+        with `finish_reason="error"`; one in the batch's shared forwards cannot be pinned on a request, so it
+        finishes the rows running at that moment (with the error) and the engine goes on with the waiting ones."""
+        self._admit()
+        if self.rows:
+            try:
+                self._round()
+            except Exception as error:  # noqa: BLE001  (reported on every affected request, never swallowed)
+                self._fail_running(error)
+        self._record_memory()
+        self._retire()
 
     @torch.no_grad()
     def generate(self, requests, progress: bool = False, **defaults) -> list[RequestOutput]:
         """Run `requests` (each a `Request`, or token ids with `defaults` such as `max_new_tokens`) to completion;
-        outputs come back in request order. A request that can never run (empty prompt, no room in the context
-        or in memory) is returned with `finish_reason="error"` and its reason; the others are served."""
-        requests = [r if isinstance(r, Request) else Request(input_ids=_as_list(r), **defaults) for r in requests]
-        for index, request in enumerate(requests):
-            if request.request_id is None:
-                request.request_id = index
-        outputs = {id(r): RequestOutput(r.request_id, list(r.input_ids)) for r in requests}
-        waiting = deque(r for r in requests if not self._reject(r, outputs[id(r)]))
+        outputs come back in request order (see `submit` for requests that cannot be served)."""
         self.stats = EngineStats()
-        self.rows: list[_Row] = []
-        self.cache = RaggedCache(0, self.device)
-        self.draft_state = self.drafter.new_draft_state(0) if self.drafter is not None else None
         start = time.perf_counter()
-        total = sum(r.max_new_tokens for r in waiting)
+        outputs = [self.submit(request, **defaults) for request in requests]
+        total = sum(request.max_new_tokens for request, _ in self._waiting)
         bar = _progress(total, progress)
-        while waiting or self.rows:
-            self._admit(waiting, outputs)
-            if self.rows:
-                self._round()
-            self._record_memory()
-            self._retire()
+        while self.has_unfinished():
+            self.step()
             if bar is not None:  # progress counted only when shown: the loop is the engine's hot path
-                bar.update(sum(len(o.output_ids) for o in outputs.values()) - bar.n)
+                bar.update(sum(len(o.output_ids) for o in outputs) - bar.n)
         if bar is not None:
             bar.close()
         self.stats.seconds = time.perf_counter() - start
-        self.stats.generated_tokens = sum(len(o.output_ids) for o in outputs.values())
+        self.stats.generated_tokens = sum(len(o.output_ids) for o in outputs)
         phases = self.stats.phase_seconds
         phases["other"] = max(0.0, self.stats.seconds - phases["prefill"] - phases["draft"] - phases["verify"])
-        return [outputs[id(r)] for r in requests]
+        return outputs
 
     # -- admission --------------------------------------------------------------------------------------------------
 
-    def _reject(self, request: Request, output: RequestOutput) -> bool:
-        """Fill in an error (and warn) for a request that can never be served."""
-        need = len(request.input_ids) + request.max_new_tokens + self.max_draft + 1
-        problem = None
-        if not request.input_ids:
-            problem = "empty prompt: decoding needs at least one input token"
-        elif request.max_new_tokens < 1:
-            problem = f"max_new_tokens must be at least 1, got {request.max_new_tokens}"
-        elif self.context_limit is not None and need > self.context_limit:
-            problem = (
-                f"prompt ({len(request.input_ids)} tokens) + max_new_tokens ({request.max_new_tokens}) + draft "
-                f"({self.max_draft + 1}) needs {need} positions, beyond the target's context of {self.context_limit}"
+    def _problem(self, request: Request) -> str | None:
+        """Why `request` (token ids already checked) can never be served, or None."""
+        if isinstance(request.max_new_tokens, bool) or not isinstance(request.max_new_tokens, int) or request.max_new_tokens < 1:
+            return f"max_new_tokens must be a positive integer, got {request.max_new_tokens!r}"
+        eos = request.eos_token_id
+        if eos is not None and not all(isinstance(t, int) and not isinstance(t, bool) for t in _ids(eos)):
+            return f"eos_token_id must be an integer or a list of integers, got {eos!r}"
+        if request.do_sample:
+            sampling_problem = _sampling_problem(request)
+            if sampling_problem is not None:
+                return sampling_problem
+        if request.seed is not None and not isinstance(request.seed, int):
+            return f"seed must be an integer, got {request.seed!r}"
+        length = len(request.input_ids) + request.max_new_tokens
+        if self.context_limit is not None and length > self.context_limit:
+            return (
+                f"prompt ({len(request.input_ids)} tokens) + max_new_tokens ({request.max_new_tokens}) needs {length} "
+                f"positions, beyond the target's context of {self.context_limit}"
             )
-        elif 2 * need * self.bytes_per_token > self.memory_budget_bytes:
-            problem = (
+        need = length + self.max_draft + 1
+        if 2 * need * self.bytes_per_token > self.memory_budget_bytes:
+            return (
                 f"needs about {2 * need * self.bytes_per_token / 2**20:.0f} MiB of KV cache, more than the memory "
                 f"budget of {self.memory_budget_bytes / 2**20:.0f} MiB"
             )
-        if problem is not None:
-            output.finish_reason, output.error = "error", f"request {request.request_id!r} rejected: {problem}"
-            warnings.warn(output.error)
-        return problem is not None
+        return None
 
     def _fits(self, request: Request) -> bool:
         """Would the cache stay within budget with `request` admitted? Every row spans the widest row, and holes
@@ -279,12 +324,16 @@ class SpeculativeEngine:
         width = 2 * (max(need) + self.max_draft + 1)
         return len(rows) * width * self.bytes_per_token <= self.memory_budget_bytes
 
-    def _admit(self, waiting: deque, outputs: dict) -> None:
+    def _admit(self) -> None:
         """Prefill waiting requests while the batch has room, each on its own, then merge them into the batch."""
         joined = []
-        while waiting and len(self.rows) < self.max_batch_size and (not self.rows or self._fits(waiting[0])):
-            request = waiting.popleft()
-            row, cache = self._prefill(request, outputs[id(request)])
+        while self._waiting and len(self.rows) < self.max_batch_size and (not self.rows or self._fits(self._waiting[0][0])):
+            request, output = self._waiting.popleft()
+            try:
+                row, cache = self._prefill(request, output)
+            except Exception as error:  # noqa: BLE001  (this request alone fails; reported on its output)
+                _fail(output, error)
+                continue
             if row.output.finish_reason is None:  # else done at its first token
                 joined.append(cache)
                 self.rows.append(row)
@@ -293,14 +342,22 @@ class SpeculativeEngine:
             if self.draft_state is not None:
                 self.draft_state.add_rows(len(joined))
 
+    def _fail_running(self, error: Exception) -> None:
+        """A shared forward failed: every running row finishes with the error; both caches start afresh."""
+        for row in self.rows:
+            _fail(row.output, error)
+        self.rows = []
+        self.cache = RaggedCache(0, self.device)
+        self.draft_state = self.drafter.new_draft_state(0) if self.drafter is not None else None
+
     def _prefill(self, request: Request, output: RequestOutput):
         start = time.perf_counter()
-        eos = set(_as_list(request.eos_token_id) if request.eos_token_id is not None else self.default_eos)
+        eos = set(_ids(request.eos_token_id) if request.eos_token_id is not None else self.default_eos)
         generator = None
         if request.do_sample:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(request.seed if request.seed is not None else torch.seed())
-        row = _Row(request, output, eos, _processors(request), generator, next_token=-1)
+        row = _Row(request, output, eos, _processors(request), generator, next_token=-1, heuristic_depth=self.max_draft)
         cache = RaggedCache(1, self.device)
         ids = torch.tensor([request.input_ids], device=self.device)
         cache.append(torch.ones_like(ids, dtype=torch.bool))
@@ -322,21 +379,23 @@ class SpeculativeEngine:
     def _round(self) -> None:
         self.stats.rounds += 1
         self.stats.peak_rows = max(self.stats.peak_rows, len(self.rows))
-        drafts, draft_logits, probabilities = self._draft()
-        depths = self._depths(drafts, probabilities)
-        self._verify(drafts, draft_logits, probabilities, depths)
+        drafts, draft_logits, drafting = self._draft()
+        depths = self._depths(drafts, drafting)
+        self._verify(drafts, draft_logits, drafting, depths)
 
     def _draft(self):
-        """Every row's drafts [B, K] (target vocabulary), their draft logits and the draft probability of each
-        chosen token; K = 0 without a drafter, or when D-cut sees that no draft could pay for its verification."""
+        """Every row's drafts [B, K] (target vocabulary), their draft logits and the `DraftRound` that chose them;
+        K = 0 without a drafter, or when D-cut sees that no draft could pay for its verification."""
         batch = len(self.rows)
-        no_drafts = torch.zeros(batch, 0, dtype=torch.long, device=self.device), None, torch.zeros(batch, 0)
+        no_drafts = torch.zeros(batch, 0, dtype=torch.long, device=self.device), None, None
         if self.drafter is None:
             return no_drafts
         budget = max(row.remaining for row in self.rows) - 1
         num_tokens = max(0, min(self.max_draft, budget))
+        if self.heuristic:
+            num_tokens = min(num_tokens, max(row.heuristic_depth for row in self.rows))
         verify = None
-        if self.fixed_depth is None:  # this round's verify cost by width, looked up instead of interpolated per token
+        if self.dcut:  # this round's verify cost by width, looked up instead of interpolated per token
             widths = [self.verify_seconds(batch, width) for width in range(1, self.max_draft + 2)]
             verify = lambda rows, width: widths[width - 1]  # noqa: E731
             if num_tokens and not self._drafting_expected_to_pay(batch, widths):
@@ -344,7 +403,10 @@ class SpeculativeEngine:
                 self.stats.skipped_drafts += 1
         if num_tokens == 0:  # the verified tokens wait: the drafter reads them all at once when it next drafts
             return no_drafts
-        drafting = DraftRound()
+        drafting = DraftRound(
+            torch.tensor([row.request.temperature if row.request.do_sample else 1.0 for row in self.rows]),
+            sampled=[row.request.do_sample for row in self.rows], generators=[row.generator for row in self.rows],
+        )
         count = max(len(row.pending_tokens) for row in self.rows)
         self.round_reads_backlog = count > self.max_draft + 1  # after skipped rounds, or a joining prompt
         lengths = torch.tensor([len(row.pending_tokens) for row in self.rows], device=self.device)
@@ -353,16 +415,6 @@ class SpeculativeEngine:
             torch.stack([torch.nn.functional.pad(row.pending_hidden[i], (0, 0, 0, count - len(row.pending_tokens))) for row in self.rows])
             for i in range(len(self.hidden_indices))
         )
-        temperatures = torch.tensor([row.request.temperature if row.request.do_sample else 1.0 for row in self.rows], device=self.device)
-
-        def choose(logits: torch.Tensor) -> torch.LongTensor:
-            probabilities = (logits.float() / temperatures[:, None]).softmax(-1)
-            token = logits.argmax(-1)
-            for r, row in enumerate(self.rows):
-                if row.request.do_sample:
-                    token[r] = torch.multinomial(probabilities[r], 1, generator=row.generator)[0]
-            drafting.record(probabilities.gather(-1, token[:, None])[:, 0])
-            return token
 
         def keep_drafting() -> bool:
             """D-cut's early exit: stop once no further depth can raise the round's expected tokens per second."""
@@ -372,15 +424,14 @@ class SpeculativeEngine:
             return drafting.worth_continuing(self.calibrator, verify, num_tokens, self.step_seconds)
 
         draft_ids, logits = self.drafter.propose(
-            self.draft_state, hidden, tokens, num_tokens, choose, keep_drafting=keep_drafting, new_lengths=lengths
+            self.draft_state, hidden, tokens, num_tokens, drafting.choose, keep_drafting=keep_drafting, new_lengths=lengths
         )
         for row in self.rows:
             row.pending_hidden, row.pending_tokens = (), []
         self.round_draft_seconds = time.perf_counter() - drafting.start
         self.round_first_draft_seconds = drafting.first_step_seconds()
         self.stats.phase_seconds["draft"] += self.round_draft_seconds
-        probabilities = drafting.chosen_probabilities() if drafting.probabilities else torch.zeros(batch, 0)
-        return draft_ids, logits, probabilities[:, : draft_ids.shape[1]]
+        return draft_ids, logits, drafting
 
     def _drafting_expected_to_pay(self, rows: int, widths: list[float]) -> bool:
         """D-cut before drafting: with the mean calibrated confidence of each draft position over recent rounds
@@ -424,17 +475,24 @@ class SpeculativeEngine:
             first = self.round_first_draft_seconds
             self.first_draft_seconds = first if self.first_draft_seconds is None else 0.8 * self.first_draft_seconds + 0.2 * first
 
-    def _depths(self, drafts: torch.Tensor, probabilities: torch.Tensor) -> list[int]:
-        """Drafted tokens to verify per row: fixed, or D-cut's global ranking; never past a row's length limit."""
-        caps = [max(0, min(drafts.shape[1], row.remaining - 1)) for row in self.rows]
-        if self.fixed_depth is not None or not drafts.shape[1]:
-            return [min(cap, self.fixed_depth or 0) for cap in caps]
-        calibrated = self.calibrator(prefix_confidence(probabilities))  # a prefix's values do not depend on what follows
+    def _depths(self, drafts: torch.Tensor, drafting: DraftRound | None) -> list[int]:
+        """Drafted tokens to verify per row: fixed, transformers' heuristic or D-cut's global ranking; never past a
+        row's length limit, nor from a step whose draft scores were not finite."""
+        if drafting is None or not drafts.shape[1]:
+            return [0] * len(self.rows)
+        usable = drafting.usable_steps()
+        caps = [max(0, min(drafts.shape[1], row.remaining - 1, usable[r])) for r, row in enumerate(self.rows)]
+        if self.heuristic:
+            return [min(cap, row.heuristic_depth) for cap, row in zip(caps, self.rows)]
+        if not self.dcut:
+            return [min(cap, self.fixed_depth) for cap in caps]
+        calibrated = self.calibrator(drafting.confidence()[:, : drafts.shape[1]])  # position k reads only steps ≤ k
         self._record_drafting(calibrated)
         confidences = [row[:cap] for row, cap in zip(calibrated, caps)]
-        return dcut_depths(confidences, self.verify_seconds, self.round_draft_seconds)
+        sampled = [row.request.do_sample for row in self.rows]
+        return dcut_depths(confidences, self.verify_seconds, self.round_draft_seconds, sampled=sampled)
 
-    def _verify(self, drafts, draft_logits, probabilities, depths: list[int]) -> None:
+    def _verify(self, drafts, draft_logits, drafting: DraftRound | None, depths: list[int]) -> None:
         """One target forward over every row's [next token, kept drafts]; accept per row; update both caches."""
         start = time.perf_counter()
         width = 1 + max(depths)
@@ -451,22 +509,30 @@ class SpeculativeEngine:
         keep = torch.zeros(len(self.rows), width, dtype=torch.bool, device=self.device)
         verified_confidence, verified_accepted = [], []
         greedy = out.logits.argmax(-1).tolist()  # the target's choice at every position, one call for all rows
+        confidence = drafting.confidence() if drafting is not None else None
         for r, row in enumerate(self.rows):
             depth = depths[r]
-            q = None
-            if row.request.do_sample and depth:
-                q = (self.drafter.to_target_logits(draft_logits[r, :depth].float()) / row.request.temperature).softmax(-1)
-            if row.request.do_sample:
-                accepted, bonus = self._accept_sampled(row, out.logits[r, : depth + 1].float(), chunk[r, 1 : depth + 1], q)
-            else:  # drafts are accepted while they equal the target's argmax
-                drafted = chunk[r, 1 : depth + 1].tolist()
-                accepted = next((k for k in range(depth) if drafted[k] != greedy[r][k]), depth)
-                bonus = greedy[r][accepted]
+            try:
+                if row.request.do_sample:
+                    q = None
+                    if depth:
+                        q = (self.drafter.to_target_logits(draft_logits[r, :depth].float()) / row.request.temperature).softmax(-1)
+                    accepted, bonus = self._accept_sampled(row, out.logits[r, : depth + 1].float(), chunk[r, 1 : depth + 1], q)
+                else:  # drafts are accepted while they equal the target's argmax
+                    drafted = chunk[r, 1 : depth + 1].tolist()
+                    accepted = next((k for k in range(depth) if drafted[k] != greedy[r][k]), depth)
+                    bonus = greedy[r][accepted]
+            except Exception as error:  # noqa: BLE001  (this request alone fails; it leaves the batch at retire)
+                _fail(row.output, error)
+                continue
             keep[r, : accepted + 1] = True
             new_tokens = chunk[r, 1 : accepted + 1].tolist() + [bonus]
             row.output.stats.record_round(drafted=depth, accepted=accepted)
-            verified_confidence.append(prefix_confidence(probabilities[r, :depth]))
-            verified_accepted.append(torch.arange(depth) < accepted)
+            if depth:
+                verified_confidence.append(confidence[r, :depth])
+                verified_accepted.append(torch.arange(depth) < accepted)
+            if self.heuristic and depth:
+                row.heuristic_depth = min(self.max_draft, row.heuristic_depth + 2) if accepted == depth else max(1, row.heuristic_depth - 1)
             row.emit(new_tokens)
             row.next_token = bonus
             if self.hidden_indices:  # appended: a round without drafting leaves the earlier ones unread
@@ -476,7 +542,7 @@ class SpeculativeEngine:
                 )
                 row.pending_tokens = row.pending_tokens + new_tokens
         self.cache.keep_last(keep)
-        if self.fixed_depth is None and self.drafter is not None and max(depths):  # one calibration step per round
+        if self.dcut and verified_confidence:  # one calibration step per round
             self.calibrator.update(torch.cat(verified_confidence), torch.cat(verified_accepted))
         self.stats.phase_seconds["verify"] += time.perf_counter() - start
 
@@ -526,17 +592,53 @@ class SpeculativeEngine:
         self.stats.peak_rss_bytes = max(self.stats.peak_rss_bytes, resident_memory_bytes(self.device))
 
 
-def _as_list(ids) -> list[int]:
+def _ids(ids) -> list:
+    """An int, list, tuple or tensor of token ids as a list."""
     if isinstance(ids, torch.Tensor):
         return ids.flatten().tolist()
-    return list(ids) if isinstance(ids, (list, tuple)) else [int(ids)]
+    return list(ids) if isinstance(ids, (list, tuple)) else [ids]
+
+
+def _token_list(ids, vocab_size: int) -> tuple[list[int], str | None]:
+    """Token ids given as an int, a list/tuple or a tensor (1-D, or one row) as a list, and what is wrong with them."""
+    if isinstance(ids, torch.Tensor):
+        if ids.dim() > 2 or (ids.dim() == 2 and ids.shape[0] != 1) or ids.is_floating_point() or ids.is_complex():
+            return [], f"token ids must be integers in a 1-D tensor or a single row, got a {ids.dtype} tensor of shape {tuple(ids.shape)}"
+        ids = ids.flatten().tolist()
+    elif isinstance(ids, int) and not isinstance(ids, bool):
+        ids = [ids]
+    elif not isinstance(ids, (list, tuple)):
+        return [], f"token ids must be a list or tensor of integers, got {type(ids).__name__}"
+    ids = list(ids)
+    bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size), None)
+    if bad is not None:
+        return [], f"token id {bad!r} is not an integer in the vocabulary [0, {vocab_size})"
+    if not ids:
+        return [], "empty prompt: decoding needs at least one input token"
+    return ids, None
+
+
+def _sampling_problem(request: Request) -> str | None:
+    """What is wrong with a sampling request's settings, or None."""
+    temperature, top_k, top_p = request.temperature, request.top_k, request.top_p
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < float("inf"):
+        return f"temperature must be a positive finite number when sampling, got {temperature!r}"
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
+        return f"top_k must be a non-negative integer (0 or None: off), got {top_k!r}"
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+        return f"top_p must be in (0, 1], got {top_p!r}"
+    return None
+
+
+def _fail(output: RequestOutput, error: Exception) -> None:
+    """Finish a request with an error that happened while serving it (and warn, so it is never silent)."""
+    output.finish_reason, output.error = "error", f"request {output.request_id!r} failed: {type(error).__name__}: {error}"
+    warnings.warn(output.error)
 
 
 def _processors(request: Request) -> LogitsProcessorList:
     processors = LogitsProcessorList()
     if request.do_sample:
-        if request.temperature <= 0:
-            raise ValueError(f"temperature must be positive when sampling, got {request.temperature}")
         if request.temperature != 1.0:
             processors.append(TemperatureLogitsWarper(request.temperature))
         if request.top_k:

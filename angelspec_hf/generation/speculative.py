@@ -59,7 +59,7 @@ def batched_speculative_decoding(
 ):
     """`generate(batch, assistant_model=drafter)` for a batch: each row (its padding dropped by `attention_mask`) is
     a request of `SpeculativeEngine`, with the generation config's length limit, EOS and sampling settings and the
-    drafter's schedule (`dcut`, or `constant` as a fixed depth). Returns the rows, left as given, followed by their
+    drafter's schedule (`dcut`, `heuristic`, or `constant` as a fixed depth). Returns the rows, left as given, followed by their
     new tokens, right-padded with `pad_token_id` as `generate()` does."""
     model_kwargs = model_kwargs or {}
     unsupported = [type(p).__name__ for p in logits_processor if not isinstance(p, _BATCHED_PROCESSORS)]
@@ -73,9 +73,9 @@ def batched_speculative_decoding(
             f"top-k, top-p) with max length and EOS; not: {', '.join(unsupported)}. Call generate() once per sequence."
         )
     schedule = drafter.generation_config.num_assistant_tokens_schedule or "dcut"
-    if schedule not in ("dcut", "constant"):
-        raise ValueError(f"Batched speculative decoding runs the 'dcut' or 'constant' schedule, not {schedule!r}")
-    policy = "dcut" if schedule == "dcut" else f"fixed-{int(drafter.generation_config.num_assistant_tokens)}"
+    if schedule not in ("dcut", "constant", "heuristic"):
+        raise ValueError(f"Batched speculative decoding runs the 'dcut', 'constant' or 'heuristic' schedule, not {schedule!r}")
+    policy = f"fixed-{int(drafter.generation_config.num_assistant_tokens)}" if schedule == "constant" else schedule
     attention_mask = model_kwargs.get("attention_mask")
     rows = [ids[attention_mask[r].bool()] if attention_mask is not None else ids for r, ids in enumerate(input_ids)]
     eos = generation_config.eos_token_id
