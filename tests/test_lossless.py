@@ -351,3 +351,13 @@ def test_soak_a_thousand_mixed_requests_arriving_at_random():
             assert output.finish_reason == "length" and len(output.output_ids) == request.max_new_tokens
         else:
             assert output.output_ids == references[(tuple(request.input_ids), request.max_new_tokens)]
+
+
+def test_greedy_confidence_is_the_prefix_product_of_section_4():
+    """A greedy row's token is the argmax, so E[q] is replaced by max q = q(x): greedy D-cut decides as before."""
+    logits = torch.randn(3, 4, 7, generator=torch.Generator().manual_seed(0)) * 3
+    drafting = dcut.DraftRound(torch.ones(3), sampled=[False] * 3)
+    for step in range(4):
+        drafting.choose(logits[:, step])
+    chosen = logits.softmax(-1).max(-1).values
+    assert torch.allclose(drafting.confidence(), dcut.prefix_confidence(chosen))
