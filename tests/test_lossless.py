@@ -361,3 +361,18 @@ def test_greedy_confidence_is_the_prefix_product_of_section_4():
         drafting.choose(logits[:, step])
     chosen = logits.softmax(-1).max(-1).values
     assert torch.allclose(drafting.confidence(), dcut.prefix_confidence(chosen))
+
+
+def test_sampling_with_stop_strings_decodes_without_drafts(smollm2_tokenizer):
+    """The stop-string cut reads the drafted token, which sampling cannot allow: such calls draft nothing."""
+    target = make_target("llama", vocab_size=len(smollm2_tokenizer), seed=8, eos_token_id=None, pad_token_id=None)
+    drafter = AngelSpecMTPDrafter.from_target(target, smollm2_tokenizer, num_depths=3, draft_vocab_size=512)
+    drafter.generation_config.num_assistant_tokens_schedule = "constant"  # without stop strings, every round drafts
+    prompt = torch.tensor([smollm2_tokenizer("The quick brown fox")["input_ids"]])
+    with pytest.warns(UserWarning, match="stop_strings"):
+        target.generate(
+            prompt, max_new_tokens=8, do_sample=True, stop_strings=["zzz"], tokenizer=smollm2_tokenizer, assistant_model=drafter
+        )
+    assert sum(drafter.speculation_stats.drafted) == 0
+    target.generate(prompt, max_new_tokens=8, do_sample=True, tokenizer=smollm2_tokenizer, assistant_model=drafter)
+    assert sum(drafter.speculation_stats.drafted) > 0

@@ -16,6 +16,7 @@ calibrated prefix confidences take its place.
 from __future__ import annotations
 
 import time
+import warnings
 
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
@@ -75,6 +76,14 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
             if generation_config.stop_strings and tokenizer is not None
             else None
         )
+        if self.do_sample and self.stop_strings is not None:
+            # Cutting before a stop string reads the drafted token, which rejection sampling cannot allow, and nearly
+            # any token may complete a stop string: sampling with stop strings decodes without drafts, losslessly.
+            warnings.warn(
+                "Sampling with stop_strings: speculative decoding would have to cut drafts by the tokens drawn, which "
+                "biases the output; this call decodes without drafts.", UserWarning, stacklevel=2,
+            )
+            self.max_tokens = self.num_tokens = 0
         self.state = drafter.new_draft_state()
         self.num_seen = 0
         self.num_drafted = 0
