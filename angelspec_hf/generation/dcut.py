@@ -262,7 +262,7 @@ class DraftRound:
     A row whose draft scores turn non-finite (a broken drafter) drafts nothing usable from that step on.
     """
 
-    def __init__(self, temperatures: torch.Tensor | None = None, sampled: Sequence[bool] = (False,), generators=None):
+    def __init__(self, temperatures: torch.Tensor, sampled: Sequence[bool], generators=None):
         self.start = time.perf_counter()
         self.sampled = torch.tensor(list(sampled), dtype=torch.bool)
         self.temperatures = temperatures
@@ -274,8 +274,7 @@ class DraftRound:
 
     def choose(self, logits: torch.Tensor) -> torch.LongTensor:
         """The drafted token of each row from its draft-vocabulary logits [rows, V]."""
-        scaled = logits.float() if self.temperatures is None else logits.float() / self.temperatures[:, None].to(logits.device)
-        probabilities = scaled.softmax(-1)
+        probabilities = (logits.float() / self.temperatures[:, None].to(logits.device)).softmax(-1)
         finite = torch.isfinite(probabilities).all(-1).cpu()
         if not bool(finite.all()):
             _warn_non_finite()
@@ -286,15 +285,11 @@ class DraftRound:
         chosen = probabilities.gather(-1, token[:, None])[:, 0].cpu()
         known = torch.where(self.sampled, probabilities.square().sum(-1).cpu(), probabilities.max(-1).values.cpu())
         usable = finite & (self.usable[-1] if self.usable else True)
-        self.record(torch.where(usable, chosen, 0.0), torch.where(usable, known, 0.0), usable)
-        return token
-
-    def record(self, chosen: torch.Tensor, known_before: torch.Tensor | None = None, usable: torch.Tensor | None = None) -> None:
-        """After a drafting step: q(x) of the token chosen in each row (and m, the usable flags)."""
-        self.probabilities.append(chosen.cpu())
-        self.known_before.append((chosen if known_before is None else known_before).cpu())
-        self.usable.append(torch.ones_like(chosen, dtype=torch.bool).cpu() if usable is None else usable.cpu())
+        self.probabilities.append(torch.where(usable, chosen, 0.0))
+        self.known_before.append(torch.where(usable, known, 0.0))
+        self.usable.append(usable)
         self.finished_at.append(time.perf_counter())
+        return token
 
     def chosen_probabilities(self) -> torch.Tensor:
         """The draft probabilities so far, [rows, steps], on the CPU."""

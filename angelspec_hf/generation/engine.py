@@ -290,10 +290,10 @@ class SpeculativeEngine:
 
     def _problem(self, request: Request) -> str | None:
         """Why `request` (token ids already checked) can never be served, or None."""
-        if isinstance(request.max_new_tokens, bool) or not isinstance(request.max_new_tokens, int) or request.max_new_tokens < 1:
+        if not _is_int(request.max_new_tokens) or request.max_new_tokens < 1:
             return f"max_new_tokens must be a positive integer, got {request.max_new_tokens!r}"
         eos = request.eos_token_id
-        if eos is not None and not all(isinstance(t, int) and not isinstance(t, bool) for t in _ids(eos)):
+        if eos is not None and not all(_is_int(t) for t in _ids(eos)):
             return f"eos_token_id must be an integer or a list of integers, got {eos!r}"
         if request.do_sample:
             sampling_problem = _sampling_problem(request)
@@ -592,6 +592,10 @@ class SpeculativeEngine:
         self.stats.peak_rss_bytes = max(self.stats.peak_rss_bytes, resident_memory_bytes(self.device))
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _ids(ids) -> list:
     """An int, list, tuple or tensor of token ids as a list."""
     if isinstance(ids, torch.Tensor):
@@ -604,13 +608,10 @@ def _token_list(ids, vocab_size: int) -> tuple[list[int], str | None]:
     if isinstance(ids, torch.Tensor):
         if ids.dim() > 2 or (ids.dim() == 2 and ids.shape[0] != 1) or ids.is_floating_point() or ids.is_complex():
             return [], f"token ids must be integers in a 1-D tensor or a single row, got a {ids.dtype} tensor of shape {tuple(ids.shape)}"
-        ids = ids.flatten().tolist()
-    elif isinstance(ids, int) and not isinstance(ids, bool):
-        ids = [ids]
-    elif not isinstance(ids, (list, tuple)):
+    elif not _is_int(ids) and not isinstance(ids, (list, tuple)):
         return [], f"token ids must be a list or tensor of integers, got {type(ids).__name__}"
-    ids = list(ids)
-    bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size), None)
+    ids = _ids(ids)
+    bad = next((t for t in ids if not _is_int(t) or not 0 <= t < vocab_size), None)
     if bad is not None:
         return [], f"token id {bad!r} is not an integer in the vocabulary [0, {vocab_size})"
     if not ids:
@@ -623,7 +624,7 @@ def _sampling_problem(request: Request) -> str | None:
     temperature, top_k, top_p = request.temperature, request.top_k, request.top_p
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < float("inf"):
         return f"temperature must be a positive finite number when sampling, got {temperature!r}"
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
+    if top_k is not None and (not _is_int(top_k) or top_k < 0):
         return f"top_k must be a non-negative integer (0 or None: off), got {top_k!r}"
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
         return f"top_p must be in (0, 1], got {top_p!r}"
