@@ -1,6 +1,6 @@
-"""`angelspec` command line: `demo`, `regenerate` training responses, `bench` drafters against plain decoding (one
-sequence at a time, or batched with `--concurrency`), `batch` serves a prompt set through the batched engine,
-`profile` the verify cost D-cut plans with."""
+"""`angelspec` command line: `demo`, `regenerate` training responses, `estimate` a drafter's acceptance offline,
+`bench` drafters against plain decoding (one sequence at a time, or batched with `--concurrency`), `batch` serves a
+prompt set through the batched engine, `profile` the verify cost D-cut plans with."""
 
 from __future__ import annotations
 
@@ -127,6 +127,38 @@ def _batch(args: argparse.Namespace) -> None:
     )
 
 
+DEFAULT_HELDOUT = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "smollm2-135m-instruct", "heldout_responses.jsonl.gz"
+)
+
+
+def _estimate(args: argparse.Namespace) -> None:
+    import json
+
+    from transformers import AutoModel
+
+    from .targets import load_target
+    from .training import PackedCollator, build_training_dataset, estimate_acceptance, precompute_hidden_states
+
+    target = load_target(args.target)
+    drafter = AutoModel.from_pretrained(args.drafter).eval().bind_target(target.model, target.tokenizer)
+    sources = args.sources.split(",") if args.sources else None
+    dataset = build_training_dataset(args.responses, args.max_length, sources=sources)
+    dataset = precompute_hidden_states(dataset, target.model, drafter.training_hidden_state_indices(), args.hidden_cache_dir)
+    collate = PackedCollator()
+    batches = (collate([dataset[i] for i in range(start, min(start + 4, len(dataset)))]) for start in range(0, len(dataset), 4))
+    metrics = estimate_acceptance(drafter, batches, num_draft_tokens=args.num_draft_tokens)
+    depths = args.num_draft_tokens or drafter.generation_config.num_assistant_tokens
+    print(f"{metrics['documents']} responses, {metrics['rounds']} rounds of greedy decoding, offline")
+    print(f"τ {metrics['tau']:.3f}; by draft length: " + " ".join(f"{d}:{metrics[f'tau_depth_{d}']:.2f}" for d in range(1, depths + 1)))
+    print("acceptance by depth: " + " ".join(f"{metrics.get(f'acceptance_depth_{d}', 0.0):.2f}" for d in range(1, depths + 1)))
+    for n in (1, 2, 4, 8):
+        print(f"top-{n} recall by depth: " + " ".join(f"{metrics[f'recall_top{n}_depth_{d}']:.2f}" for d in range(1, depths + 1)))
+    if args.output:
+        with open(args.output, "w") as handle:
+            json.dump({"command": args.command_line, "drafter": args.drafter, **metrics}, handle, indent=1)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="angelspec", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -175,6 +207,19 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--output", required=True, help="JSONL of responses")
     batch.set_defaults(func=_batch)
 
+    estimate = commands.add_parser(
+        "estimate", help="offline acceptance estimate of a drafter on held-out target responses (no target decoding)"
+    )
+    estimate.add_argument("--drafter", required=True)
+    estimate.add_argument("--target", default="smollm2")
+    estimate.add_argument("--responses", default=DEFAULT_HELDOUT, help="held-out target responses (angelspec regenerate)")
+    estimate.add_argument("--sources", default=None, help="only these sources of the responses file, comma-separated")
+    estimate.add_argument("--num-draft-tokens", type=positive_int, default=None, help="default: the drafter's own")
+    estimate.add_argument("--max-length", type=positive_int, default=1024, help="tokens per packed row")
+    estimate.add_argument("--hidden-cache-dir", default=os.path.join(".cache", "hidden_states"))
+    estimate.add_argument("--output", default=None, help="JSON file of the metrics")
+    estimate.set_defaults(func=_estimate)
+
     from .benchmark import suite
 
     suite_parser = commands.add_parser("suite", help="every method on every domain, plus the batched engine: JSON, Markdown, plots")
@@ -210,6 +255,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise UsageError(f"--data-dir {data_dir}: no such folder")
     if args.command == "suite" and not os.path.isdir(args.drafters_dir):
         raise UsageError(f"--drafters-dir {args.drafters_dir}: no such folder")
+    if args.command == "estimate" and not all(os.path.isfile(path) for path in args.responses.split(",")):
+        raise UsageError(f"--responses {args.responses}: no such file (make one with `angelspec regenerate`)")
     if args.command == "regenerate":
         sources = args.sources.split(",")
     else:

@@ -86,8 +86,13 @@ class DataArguments:
     hidden_states: str = field(default="offline", metadata={"help": "offline (precomputed cache) | online"})
     hidden_cache_dir: str = field(default=".cache/hidden_states", metadata={"help": "where offline states go"})
     hidden_dtype: str = field(default="float16", metadata={"help": "storage dtype of offline states"})
+    eval_responses: str | None = field(
+        default=None,
+        metadata={"help": "held-out target responses: the Trainer's evaluation is their offline acceptance estimate"},
+    )
+    eval_response_sources: str | None = field(default=None, metadata={"help": "only these sources of eval_responses"})
     eval_sources: str = field(default="mt_bench", metadata={"help": "held-back prompts for the acceptance callback"})
-    eval_prompts: int = field(default=4, metadata={"help": "how many held-back prompts"})
+    eval_prompts: int = field(default=0, metadata={"help": "how many held-back prompts (0: no acceptance callback)"})
     eval_max_new_tokens: int = field(default=64)
     eval_every_n_steps: int = field(default=100)
     data_dir: str | None = field(default=None, metadata={"help": "local prompt folder (default ../shared/data)"})
@@ -122,15 +127,23 @@ def main(argv: list[str]) -> None:
         eos = target.model.generation_config.eos_token_id
         drafter.init_draft_vocab(counts, always_keep=eos if isinstance(eos, list) else [eos])
 
-    dataset = build_training_dataset(data_args.responses, data_args.max_length, seed=training_args.seed)
-    if data_args.hidden_states == "offline":
+    if data_args.hidden_states not in ("offline", "online"):
+        raise ValueError(f"hidden_states must be 'offline' or 'online', got {data_args.hidden_states!r}")
+
+    def with_hidden_states(dataset):
+        if data_args.hidden_states == "online":
+            return dataset
         with training_args.main_process_first(desc="precomputing target hidden states"):
-            dataset = precompute_hidden_states(
+            return precompute_hidden_states(
                 dataset, target.model, drafter.training_hidden_state_indices(), data_args.hidden_cache_dir,
                 dtype=data_args.hidden_dtype,
             )
-    elif data_args.hidden_states != "online":
-        raise ValueError(f"hidden_states must be 'offline' or 'online', got {data_args.hidden_states!r}")
+
+    dataset = with_hidden_states(build_training_dataset(data_args.responses, data_args.max_length, seed=training_args.seed))
+    eval_dataset = None
+    if data_args.eval_responses:
+        sources = data_args.eval_response_sources.split(",") if data_args.eval_response_sources else None
+        eval_dataset = with_hidden_states(build_training_dataset(data_args.eval_responses, data_args.max_length, sources=sources))
 
     trained_prompts = {record["prompt"] for record in records}
     held_back = [
@@ -138,15 +151,18 @@ def main(argv: list[str]) -> None:
         for row in load_prompts(data_args.eval_sources, data_dir=data_args.data_dir)
         if row["prompt"] not in trained_prompts
     ][: data_args.eval_prompts]
-    callback = AcceptanceCallback(
-        target.model, held_back, data_args.eval_max_new_tokens, every_n_steps=data_args.eval_every_n_steps
-    )
+    callbacks = []
+    if held_back:
+        callbacks.append(
+            AcceptanceCallback(target.model, held_back, data_args.eval_max_new_tokens, every_n_steps=data_args.eval_every_n_steps)
+        )
     trainer = AngelSpecTrainer(
         model=drafter,
         args=training_args,
         train_dataset=dataset,
+        eval_dataset=eval_dataset,
         data_collator=PackedCollator(),
-        callbacks=[callback],
+        callbacks=callbacks,
         target=target.model,
     )
     print(f"world size {trainer.accelerator.num_processes}, {len(dataset)} packed rows", flush=True)

@@ -178,6 +178,13 @@ def test_nonexistent_drafter_says_so(capsys, tmp_path, prompts):
     assert "no target folder" in error
 
 
+def test_estimate_needs_its_responses_file(capsys, tmp_path, drafter):
+    error = one_line_error(capsys, "estimate", "--drafter", drafter, "--responses", tmp_path / "none.jsonl.gz")
+    assert f"--responses {tmp_path / 'none.jsonl.gz'}: no such file" in error
+    error = one_line_error(capsys, "estimate", "--drafter", tmp_path / "gone")
+    assert "no drafter folder" in error
+
+
 def test_right_arguments_get_through_to_the_model_load(tmp_path, prompts, drafter):
     """Nothing is written while checking: the output folder does not exist until the run writes it."""
     output = tmp_path / "results" / "out.json"
@@ -189,6 +196,7 @@ def test_right_arguments_get_through_to_the_model_load(tmp_path, prompts, drafte
         ["batch", "--drafter", drafter, "--prompts", f"{prompts}+{prompts}", "--policy", "fixed-2",
          "--temperature", "0", "--output", output],
         ["profile", "--rows", "4,1", "--repeats", "1", "--output", output],
+        ["estimate", "--drafter", drafter, "--sources", "mt_bench", "--output", output],
         ["suite", "--drafters-dir", tmp_path, "--output-dir", tmp_path / "results" / "suite"],
     ]
     for argv in command_lines:

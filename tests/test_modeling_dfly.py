@@ -69,7 +69,7 @@ def test_training_blocks_compute_what_inference_drafts(variant):
     states = target(sequence, output_hidden_states=True).hidden_states
     hidden = torch.stack([states[i] for i in drafter.training_hidden_state_indices()], dim=1)
     anchor = 17
-    drafter.sample_anchors = lambda loss_mask, documents: (torch.tensor([[anchor]]), torch.tensor([[True]]))
+    drafter.train().sample_anchors = lambda eligible: (torch.tensor([[anchor]]), torch.tensor([[True]]))
     training = drafter(hidden, sequence, torch.arange(30)[None], torch.zeros_like(sequence), torch.ones_like(sequence))
     assert training.draft_positions.tolist() == [1, 2, 3, 4, 5]
     assert training.teacher_positions.tolist() == [anchor, anchor + 1, anchor + 2, anchor + 3, anchor + 4]

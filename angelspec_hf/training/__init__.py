@@ -1,16 +1,21 @@
 from .callbacks import AcceptanceCallback, measure_acceptance
 from .data import PackedCollator, build_training_dataset, precompute_hidden_states, target_fingerprint
-from .trainer import AngelSpecTrainer, distillation_kl, draft_loss, last_complete_checkpoint
+from .evaluation import AcceptanceEstimate, estimate_acceptance
+from .losses import distillation_kl, draft_loss, position_weighted_loss
+from .trainer import AngelSpecTrainer, last_complete_checkpoint
 
 __all__ = [
     "AcceptanceCallback",
+    "AcceptanceEstimate",
     "AngelSpecTrainer",
     "PackedCollator",
     "build_training_dataset",
     "distillation_kl",
     "draft_loss",
+    "estimate_acceptance",
     "last_complete_checkpoint",
     "measure_acceptance",
+    "position_weighted_loss",
     "precompute_hidden_states",
     "target_fingerprint",
 ]

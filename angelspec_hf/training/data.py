@@ -22,17 +22,22 @@ import torch.nn.functional as F
 from .regenerate import read_responses
 
 
-def conversations_dataset(responses_path: str, max_length: int) -> datasets.Dataset:
+def conversations_dataset(responses_path: str, max_length: int, sources: list[str] | None = None) -> datasets.Dataset:
     """One example per regenerated conversation: prompt + response ids, loss only on the response.
 
-    `responses_path` may list several files, comma-separated (e.g. chat and code/math responses).
+    `responses_path` may list several files, comma-separated (e.g. chat and code/math responses); `sources`, when
+    given, keeps only the records of those sources.
     """
     missing = [path for path in responses_path.split(",") if not os.path.exists(path)]
     if missing:
         raise FileNotFoundError(f"Responses file(s) not found: {', '.join(missing)}; run `angelspec regenerate` first")
     records = read_responses(responses_path)
+    if sources is not None:
+        records = [record for record in records if record["source"] in sources]
     if not records:
-        raise FileNotFoundError(f"No regenerated responses in {responses_path}: run `angelspec regenerate` first")
+        raise FileNotFoundError(
+            f"No regenerated responses{f' of {sources}' if sources else ''} in {responses_path}: run `angelspec regenerate` first"
+        )
 
     def to_example(record):
         ids = (record["prompt_ids"] + record["response_ids"])[:max_length]
@@ -71,8 +76,10 @@ def pack_documents(dataset: datasets.Dataset, max_length: int) -> datasets.Datas
     return dataset.map(pack, batched=True, batch_size=1000, remove_columns=dataset.column_names)
 
 
-def build_training_dataset(responses_path: str, max_length: int, seed: int = 0) -> datasets.Dataset:
-    examples = conversations_dataset(responses_path, max_length).shuffle(seed=seed)
+def build_training_dataset(
+    responses_path: str, max_length: int, seed: int = 0, sources: list[str] | None = None
+) -> datasets.Dataset:
+    examples = conversations_dataset(responses_path, max_length, sources).shuffle(seed=seed)
     return pack_documents(examples, max_length)
 
 
@@ -81,6 +88,16 @@ def target_hidden_states(target, input_ids: torch.Tensor, position_ids: torch.Te
     """The target's hidden states at `indices` for packed rows (no cache, so transformers masks per document)."""
     output = target(input_ids=input_ids, position_ids=position_ids, use_cache=False, output_hidden_states=True)
     return [output.hidden_states[i] for i in indices]
+
+
+def batch_hidden_states(drafter, target, inputs: dict) -> torch.Tensor:
+    """[B, N, T, H] of `drafter.training_hidden_state_indices()` for a collated batch: its offline `target_hidden`,
+    or computed by `target` (online)."""
+    hidden = inputs.get("target_hidden")
+    if hidden is None:
+        states = target_hidden_states(target, inputs["input_ids"], inputs["position_ids"], drafter.training_hidden_state_indices())
+        hidden = torch.stack(states, dim=1)
+    return hidden.to(drafter.dtype).detach()
 
 
 HIDDEN_STATE_BOUND = float(torch.finfo(torch.float16).max)

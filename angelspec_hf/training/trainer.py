@@ -16,47 +16,15 @@ import warnings
 from collections import defaultdict
 
 import torch
-import torch.nn.functional as F
 from transformers import Trainer
+from transformers.trainer_utils import EvalLoopOutput
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, rotate_checkpoints
 
-from .data import target_hidden_states
-
-
-def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, top_k: int | None = None) -> torch.Tensor:
-    """KL(p_target || q_draft) per prediction, over the draft vocabulary or only the teacher's top-k (renormalised)."""
-    student_logp = student_logits.float().log_softmax(-1)
-    teacher_logits = teacher_logits.float()
-    if top_k is not None and top_k < teacher_logits.shape[-1]:
-        teacher_logits, indices = teacher_logits.topk(top_k, dim=-1)
-        student_logp = student_logp.gather(-1, indices)
-    teacher_logp = teacher_logits.log_softmax(-1)
-    return (teacher_logp.exp() * (teacher_logp - student_logp)).sum(-1)
-
-
-def draft_loss(
-    student_logits: torch.Tensor, teacher_logits: torch.Tensor, loss_type: str = "kl", top_k: int | None = None,
-    lk_eta: float = 3.0,
-) -> torch.Tensor:
-    """Per-prediction loss of a draft distribution q against the target distribution p.
-
-    `kl`: KL(p || q). `ce`: -log q(argmax p). `tv`: 1 - α, α = Σ min(p, q) (the expected acceptance of one draft
-    token). `lk`: λ·KL + (1-λ)·TV with λ = exp(-η·sg[α]) (AngelSpec): KL while the draft is far off, TV near the
-    optimum, where it matches acceptance directly.
-    """
-    if loss_type == "kl":
-        return distillation_kl(student_logits, teacher_logits, top_k)
-    if loss_type == "ce":
-        return F.cross_entropy(student_logits.float(), teacher_logits.argmax(-1), reduction="none")
-    overlap = torch.minimum(student_logits.float().softmax(-1), teacher_logits.float().softmax(-1)).sum(-1)
-    if loss_type == "tv":
-        return 1.0 - overlap
-    if loss_type == "lk":
-        weight = torch.exp(-lk_eta * overlap.detach())
-        return weight * distillation_kl(student_logits, teacher_logits, top_k) + (1.0 - weight) * (1.0 - overlap)
-    raise ValueError(f"Unknown loss_type {loss_type!r}")
+from .data import batch_hidden_states
+from .evaluation import estimate_acceptance
+from .losses import position_weighted_loss
 
 
 def last_complete_checkpoint(output_dir: str) -> str | None:
@@ -168,13 +136,7 @@ class AngelSpecTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         drafter = self.drafter
-        hidden = inputs.get("target_hidden")
-        if hidden is None:
-            states = target_hidden_states(
-                self.target, inputs["input_ids"], inputs["position_ids"], drafter.training_hidden_state_indices()
-            )
-            hidden = torch.stack(states, dim=1)
-        hidden = hidden.to(drafter.dtype).detach()
+        hidden = batch_hidden_states(drafter, self.target, inputs)
         outputs = model(
             target_hidden=hidden,
             input_ids=inputs["input_ids"],
@@ -184,22 +146,22 @@ class AngelSpecTrainer(Trainer):
         )
         with torch.no_grad():  # the teacher: the target's lm_head on its final state, only where it is needed
             teacher = drafter.target_head_logits(hidden[:, -1].flatten(0, 1)[outputs.teacher_positions])
-        loss = self.weighted_draft_loss(outputs.logits, teacher, outputs.draft_positions)
+        loss = position_weighted_loss(drafter, outputs.logits, teacher, outputs.draft_positions)
+        with torch.no_grad():
+            agrees = outputs.logits.argmax(-1) == teacher.argmax(-1)
+            for position in outputs.draft_positions.unique().tolist():
+                agreement = agrees[outputs.draft_positions == position].float().mean().item()
+                self._metrics[f"top1_agreement_position_{position}"].append(agreement)
         return (loss, outputs) if return_outputs else loss
 
-    def weighted_draft_loss(self, logits, teacher, draft_positions) -> torch.Tensor:
-        """Σ_k w_k · mean loss of the predictions at draft position k (MTP depth k, DFly block offset k)."""
-        config = self.drafter.config
-        per_prediction = draft_loss(logits, teacher, config.loss_type, config.kl_top_k, config.lk_eta)
-        weights = self.drafter.draft_position_weights()
-        loss = logits.sum() * 0.0  # stays in the graph (and DDP's) when a batch has no supervised prediction
-        for position in draft_positions.unique().tolist():
-            selected = draft_positions == position
-            loss = loss + weights[position - 1] * per_prediction[selected].mean()
-            with torch.no_grad():
-                agreement = (logits[selected].argmax(-1) == teacher[selected].argmax(-1)).float().mean().item()
-            self._metrics[f"top1_agreement_position_{position}"].append(agreement)
-        return loss
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"):
+        """Evaluation is the offline acceptance estimate (`estimate_acceptance`) on the eval dataset — held-out
+        target-generated responses — with its distillation loss: `eval_tau`, `eval_tau_depth_k`,
+        `eval_acceptance_depth_k`, `eval_recall_top{n}_depth_k`, `eval_loss`, each usable as `metric_for_best_model`."""
+        metrics = estimate_acceptance(self.drafter, dataloader, self.target)
+        num_samples = metrics["documents"]
+        metrics = {f"{metric_key_prefix}_{name}": value for name, value in metrics.items()}
+        return EvalLoopOutput(predictions=None, label_ids=None, metrics=metrics, num_samples=num_samples)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Add the averaged per-depth agreement and the latest acceptance measurements to every training log."""

@@ -104,7 +104,8 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         """Training forward: the TTT rollout, keeping the predictions that are supervised.
 
         Depth k at slot t predicts token t+k+2 against the target's distribution at position t+k+1: kept when that
-        token is a response token (`loss_mask`) of the same document.
+        token is a response token (`loss_mask`) of the same document. In eval mode every depth is unrolled with
+        greedy choices, so the predictions are the greedy draft chain of every slot (the offline acceptance estimate).
         """
         length = input_ids.shape[1]
         logits, teacher_positions, draft_positions = [], [], []
@@ -122,8 +123,8 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         )
 
     def draft_position_weights(self) -> torch.Tensor:
-        if not self.config.training_time_test:
-            return torch.ones(1)  # only depth 0 is trained
+        if not self.config.training_time_test:  # only depth 0 is trained
+            return torch.tensor([1.0] + [0.0] * (self.config.num_depths - 1))
         return torch.tensor(self.config.depth_loss_weights)
 
     def rollout(
@@ -154,7 +155,8 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         eye = eye.expand_as(depth0_keys)
 
         cache, hidden, all_logits = DynamicCache(), target_hidden[:, 0, :-1], []
-        depths = self.config.num_depths if self.config.training_time_test else 1
+        # Evaluation unrolls every depth inference drafts, also for the no-TTT ablation trained on depth 0 only.
+        depths = self.config.num_depths if self.config.training_time_test or not self.training else 1
         for depth in range(depths):
             mask = torch.cat([depth0_keys] + [eye] * depth, dim=-1)[:, None]
             output = self.step(hidden, tokens, positions + depth, attention_mask=mask, past_key_values=cache, use_cache=True)
@@ -164,7 +166,10 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         return tuple(all_logits)
 
     def _next_depth_tokens(self, logits: torch.Tensor, input_ids: torch.LongTensor, depth: int) -> torch.LongTensor:
-        """Token read by depth+1 at each slot: the drafter's own choice (TTT) or the ground truth x_{t+depth+2}."""
+        """Token read by depth+1 at each slot: the drafter's own choice (TTT) or the ground truth x_{t+depth+2};
+        in evaluation always the greedy choice, as greedy drafting makes it."""
+        if not self.training:
+            return self.to_target_ids(logits.argmax(-1))
         if self.config.ttt_token_choice == "ground_truth":
             shifted = input_ids[:, depth + 2 :]
             return torch.cat([shifted, shifted.new_zeros(shifted.shape[0], depth + 1)], dim=1)
