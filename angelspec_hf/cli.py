@@ -18,6 +18,8 @@ class UsageError(ValueError):
 
 
 def _regenerate(args: argparse.Namespace) -> None:
+    from .generation.dcut import load_cost_model
+    from .generation.engine import PROFILED_ROWS
     from .targets import load_target
     from .training.regenerate import regenerate_responses
 
@@ -25,9 +27,28 @@ def _regenerate(args: argparse.Namespace) -> None:
     records = regenerate_responses(
         target.model, target.tokenizer, args.sources.split(","), args.output, data_dir=args.data_dir,
         limit_per_source=args.limit_per_source, max_prompt_tokens=args.max_prompt_tokens,
-        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, temperature=args.temperature, seed=args.seed,
     )
     print(f"{len(records)} responses in {args.output}")
+    rows = [r for r in PROFILED_ROWS if r < args.batch_size] + [args.batch_size]
+    bound = args.batch_size / load_cost_model(target.model, rows=rows)(args.batch_size, 1)
+    print(f"the bound of batched decoding on this machine ({args.batch_size} rows per forward): {bound:.0f} tokens/s")
+
+
+def _teacher_forced(args: argparse.Namespace) -> None:
+    import sysconfig
+
+    from .targets import load_target_tokenizer
+    from .training.regenerate import teacher_forced_responses
+
+    python_source = sysconfig.get_paths()["stdlib"] if args.python_source == "stdlib" else args.python_source
+    records = teacher_forced_responses(
+        load_target_tokenizer(args.target), [s for s in args.sources.split(",") if s], args.output,
+        data_dir=args.data_dir, limit_per_source=args.limit_per_source, max_prompt_tokens=args.max_prompt_tokens,
+        max_response_tokens=args.max_response_tokens, python_source=python_source, chunk_tokens=args.chunk_tokens,
+    )
+    tokens = sum(len(record["response_ids"]) for record in records)
+    print(f"{len(records)} teacher-forced responses, {tokens} response tokens, in {args.output}")
 
 
 DEFAULT_DRAFTER = os.path.join(
@@ -171,7 +192,25 @@ def build_parser() -> argparse.ArgumentParser:
     regenerate.add_argument("--limit-per-source", type=positive_int, default=None)
     regenerate.add_argument("--max-prompt-tokens", type=positive_int, default=384)
     regenerate.add_argument("--max-new-tokens", type=positive_int, default=256)
-    regenerate.add_argument("--batch-size", type=positive_int, default=16)
+    regenerate.add_argument("--batch-size", type=positive_int, default=16, help="requests decoded together (refilled)")
+    regenerate.add_argument(
+        "--temperature", type=temperature, default=0.0, help="0 (default): greedy; > 0: sampled, one seed per prompt"
+    )
+    regenerate.add_argument("--seed", type=int, default=0, help="first sampling seed (prompt i gets seed + i)")
+
+    references = commands.add_parser(
+        "teacher-forced", help="existing text (prompt sets' own answers, Python sources) as training responses"
+    )
+    references.add_argument("--target", default="smollm2", help="whose tokenizer and chat template")
+    references.add_argument("--sources", default="", help="comma-separated prompt sets with answers, e.g. gsm8k_train")
+    references.add_argument("--python-source", default=None, help="a folder of .py files ('stdlib': Python's own)")
+    references.add_argument("--output", required=True, help="gzipped JSONL file (replaced)")
+    references.add_argument("--data-dir", default=None)
+    references.add_argument("--limit-per-source", type=positive_int, default=None)
+    references.add_argument("--max-prompt-tokens", type=positive_int, default=384)
+    references.add_argument("--max-response-tokens", type=positive_int, default=1024)
+    references.add_argument("--chunk-tokens", type=positive_int, default=768, help="tokens per Python-source response")
+    references.set_defaults(func=_teacher_forced)
     regenerate.set_defaults(func=_regenerate)
 
     demo = commands.add_parser("demo", help="SmolLM2 with the shipped MTP drafter: outputs, τ and speedup")
@@ -257,6 +296,17 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise UsageError(f"--drafters-dir {args.drafters_dir}: no such folder")
     if args.command == "estimate" and not all(os.path.isfile(path) for path in args.responses.split(",")):
         raise UsageError(f"--responses {args.responses}: no such file (make one with `angelspec regenerate`)")
+    if args.command == "teacher-forced":
+        from .prompts import PROMPT_SETS
+
+        unknown = [s for s in args.sources.split(",") if s and getattr(PROMPT_SETS.get(s), "reference", None) is None]
+        if unknown:
+            answered = ", ".join(name for name, spec in PROMPT_SETS.items() if spec.reference is not None)
+            raise UsageError(f"--sources: {', '.join(unknown)} has no answers of its own; these do: {answered}")
+        if not args.sources and args.python_source is None:
+            raise UsageError("nothing to read: give --sources and/or --python-source")
+        if args.python_source not in (None, "stdlib") and not os.path.isdir(args.python_source):
+            raise UsageError(f"--python-source {args.python_source}: no such folder")
     if args.command == "regenerate":
         sources = args.sources.split(",")
     else:

@@ -22,12 +22,13 @@ DATA_DIR_ENV = "ANGELSPEC_DATA_DIR"
 @dataclass(frozen=True)
 class PromptSet:
     local_file: str
-    hub_id: str
+    hub_id: str | None  # None: only a local copy exists (under --data-dir)
     hub_config: str | None
     hub_split: str
     to_prompt: Callable[[dict], str]
     category: Callable[[dict], str] = lambda record: ""
     keep: Callable[[dict], bool] = lambda record: True
+    reference: Callable[[dict], str] | None = None  # the set's own answer to the prompt, where it has one
 
 
 def _first_turn(record: dict) -> str:
@@ -39,6 +40,10 @@ def _instruction_with_input(record: dict) -> str:
     if not extra and record.get("instances"):
         extra = record["instances"][0].get("input") or ""
     return f"{record['instruction']}\n\n{extra}" if extra else record["instruction"]
+
+
+def _first_instance_output(record: dict) -> str:
+    return record["instances"][0]["output"] if record.get("instances") else ""
 
 
 def _mbpp_prompt(record: dict) -> str:
@@ -57,7 +62,7 @@ PROMPT_SETS: dict[str, PromptSet] = {
     ),
     "alpaca_eval": PromptSet(
         "alpaca_eval/model_outputs.json", "tatsu-lab/alpaca_eval", "alpaca_eval", "eval",
-        lambda r: r["instruction"], category=lambda r: r.get("dataset", ""),
+        lambda r: r["instruction"], category=lambda r: r.get("dataset", ""), reference=lambda r: r["output"],
     ),
     "arena_hard": PromptSet(
         "arena_hard/arena-hard-v0.1/question.jsonl", "lmarena-ai/arena-hard-auto", None, "train",
@@ -65,16 +70,24 @@ PROMPT_SETS: dict[str, PromptSet] = {
     ),
     "self_instruct": PromptSet(
         "self_instruct/user_oriented_instructions.jsonl", "yizhongw/self_instruct", "human_eval", "train",
-        _instruction_with_input,
+        _instruction_with_input, reference=_first_instance_output,
     ),
     "self_instruct_seed": PromptSet(
         "self_instruct/seed_tasks.jsonl", "yizhongw/self_instruct", "super_natural_instructions", "train",
-        _instruction_with_input,
+        _instruction_with_input, reference=_first_instance_output,
+    ),
+    # No Hub data set is known to carry this file (it is in opencompass' git history): read from --data-dir only.
+    "mtbench101": PromptSet(
+        "mtbench101/mtbench101.jsonl", None, None, "train", lambda r: r["history"][0]["user"],
+        category=lambda r: r["task"], reference=lambda r: r["history"][0]["bot"],
     ),
     "code_alpaca": PromptSet(
         "code_alpaca/code_alpaca_2k.json", "sahil2801/CodeAlpaca-20k", None, "train", _instruction_with_input,
+        reference=lambda r: r["output"],
     ),
-    "gsm8k_train": PromptSet("gsm8k/train.jsonl", "openai/gsm8k", "main", "train", lambda r: r["question"]),
+    "gsm8k_train": PromptSet(
+        "gsm8k/train.jsonl", "openai/gsm8k", "main", "train", lambda r: r["question"], reference=lambda r: r["answer"]
+    ),
     "gsm8k_test": PromptSet("gsm8k/test.jsonl", "openai/gsm8k", "main", "test", lambda r: r["question"]),
     # MBPP's own split by task id: 11-510 test, 511-974 train.
     "mbpp_test": PromptSet(
@@ -83,7 +96,7 @@ PROMPT_SETS: dict[str, PromptSet] = {
     ),
     "mbpp_train": PromptSet(
         "mbpp/mbpp.jsonl", "google-research-datasets/mbpp", "full", "train", _mbpp_prompt,
-        keep=lambda r: 511 <= r["task_id"] <= 974,
+        keep=lambda r: 511 <= r["task_id"] <= 974, reference=lambda r: r["code"],
     ),
 }
 
@@ -210,12 +223,7 @@ def load_prompts(source: str, data_dir: str | None = None, limit: int | None = N
         prompts = datasets.Dataset.from_list(read_prompt_file(source))
     elif source in PROMPT_SETS:
         spec = PROMPT_SETS[source]
-        data_dir = data_dir or default_data_dir()
-        if data_dir is not None and os.path.isfile(os.path.join(data_dir, spec.local_file)):
-            raw = datasets.load_dataset("json", data_files=os.path.join(data_dir, spec.local_file), split="train")
-        else:
-            raw = datasets.load_dataset(spec.hub_id, spec.hub_config, split=spec.hub_split)
-        raw = raw.filter(spec.keep)
+        raw = _load_set(source, data_dir)
         prompts = raw.map(
             lambda r: {"prompt": spec.to_prompt(r), "category": spec.category(r) or source},
             remove_columns=raw.column_names,
@@ -225,6 +233,33 @@ def load_prompts(source: str, data_dir: str | None = None, limit: int | None = N
     if limit is not None:
         prompts = prompts.select(range(min(limit, len(prompts))))
     return prompts
+
+
+def _load_set(source: str, data_dir: str | None) -> datasets.Dataset:
+    """The records of prompt set `source` that it keeps, from the local data folder or the Hub."""
+    import datasets
+
+    spec = PROMPT_SETS[source]
+    data_dir = data_dir or default_data_dir()
+    if data_dir is not None and os.path.isfile(os.path.join(data_dir, spec.local_file)):
+        raw = datasets.load_dataset("json", data_files=os.path.join(data_dir, spec.local_file), split="train")
+    elif spec.hub_id is None:
+        raise FileNotFoundError(f"Prompt set {source!r} is read from {spec.local_file} under --data-dir; none was found")
+    else:
+        raw = datasets.load_dataset(spec.hub_id, spec.hub_config, split=spec.hub_split)
+    return raw.filter(spec.keep)
+
+
+def load_references(source: str, data_dir: str | None = None, limit: int | None = None) -> list[dict]:
+    """`{"prompt", "reference"}` of every record of prompt set `source` with a non-empty answer of its own (the
+    sets with answers: see `PromptSet.reference`)."""
+    spec = PROMPT_SETS.get(source)
+    if spec is None or spec.reference is None:
+        with_answers = ", ".join(name for name, candidate in PROMPT_SETS.items() if candidate.reference is not None)
+        raise ValueError(f"Prompt set {source!r} has no reference answers; these do: {with_answers}")
+    rows = [{"prompt": spec.to_prompt(r), "reference": spec.reference(r)} for r in _load_set(source, data_dir)]
+    rows = [row for row in rows if row["prompt"].strip() and row["reference"].strip()]
+    return rows[:limit] if limit is not None else rows
 
 
 def encode_chat(tokenizer, prompt: str) -> list[int]:

@@ -51,6 +51,43 @@ def test_regeneration_is_resumable_and_records_the_target_output(chat_target, sm
     assert len(again) == 12, "prompts already answered are not regenerated"
 
 
+def test_sampled_regeneration_records_its_seeds_and_resumes(chat_target, smollm2_tokenizer, tmp_path):
+    path = str(tmp_path / "sampled.jsonl.gz")
+    kwargs = dict(limit_per_source=3, max_new_tokens=8, batch_size=2, temperature=1.0, seed=100)
+    first = regenerate_responses(chat_target, smollm2_tokenizer, ["alpaca_eval"], path, **kwargs)
+    assert sorted(record["seed"] for record in first) == [100, 101, 102]
+    assert regenerate_responses(chat_target, smollm2_tokenizer, ["alpaca_eval"], path, **kwargs) == first, "resumed: nothing new"
+    second = regenerate_responses(chat_target, smollm2_tokenizer, ["alpaca_eval"], path, **{**kwargs, "seed": 200})
+    assert len(second) == 6, "another seed is another pass over the same prompts"
+
+
+def test_teacher_forced_responses_read_answers_and_python_sources(smollm2_tokenizer, tmp_path):
+    from angelspec_hf.prompts import load_references
+    from angelspec_hf.training.regenerate import teacher_forced_responses
+
+    package = tmp_path / "package"
+    package.mkdir()
+    source = "def add(a, b):\n    return a + b\n" * 40
+    (package / "module.py").write_text(source)
+    (package / "notes.txt").write_text("not python")
+    path = str(tmp_path / "tf.jsonl.gz")
+    records = teacher_forced_responses(
+        smollm2_tokenizer, ["gsm8k_train"], path, limit_per_source=2, python_source=str(package), chunk_tokens=64
+    )
+    answers = load_references("gsm8k_train", limit=2)
+    math = [record for record in records if record["source"] == "gsm8k_train"]
+    assert [r["prompt"] for r in math] == [a["prompt"] for a in answers]
+    assert math[0]["prompt_ids"] == encode_chat(smollm2_tokenizer, answers[0]["prompt"])
+    assert smollm2_tokenizer.decode(math[0]["response_ids"][:-1]) == answers[0]["reference"]
+    assert math[0]["response_ids"][-1] == smollm2_tokenizer.eos_token_id, "the answer closes its turn"
+    code = [record for record in records if record["source"] == "python_source"]
+    assert code and all(r["prompt_ids"] == [] and 32 <= len(r["response_ids"]) <= 64 for r in code)
+    assert smollm2_tokenizer.decode([t for r in code for t in r["response_ids"]]).startswith(source[:200])
+    assert read_responses(path) == records
+    with pytest.raises(ValueError, match="has no reference answers"):
+        load_references("mt_bench")
+
+
 def test_packing_keeps_documents_apart_and_loss_on_responses_only(responses):
     records = read_responses(responses)
     dataset = build_training_dataset(responses, max_length=96)

@@ -185,3 +185,50 @@ def test_a_target_whose_weights_changed_at_the_same_path_gets_its_cache_recomput
     assert_hidden_states_of(retrained, cached, dataset, indices)
     assert len(glob.glob(os.path.join(cache_dir, "*.arrow"))) == 1, "the stale cache was replaced, not kept beside"
     reopen_without_warnings(retrained, dataset, indices, cache_dir, "float16")
+
+
+KILLED_WHILE_CACHING = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+import torch
+from test_training_faults import packed_rows
+from conftest import make_target
+from angelspec_hf.training import data
+
+target = make_target("llama", dtype=torch.float32, seed=5)
+forward = data.target_hidden_states
+calls = []
+
+def killed_in_the_third_shard(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 5:  # shards of 2 rows: the first two are complete, the third has one row done
+        os.kill(os.getpid(), signal.SIGKILL)
+    return forward(*args, **kwargs)
+
+data.target_hidden_states = killed_in_the_third_shard
+data.precompute_hidden_states(packed_rows(), target, [1, 2], {cache_dir!r}, shard_rows=2)
+"""
+
+
+def test_a_precomputation_killed_midway_resumes_at_the_shard_it_was_writing(tiny_target, tmp_path):
+    dataset, indices, cache_dir = packed_rows(), [1, 2], str(tmp_path)
+    script = KILLED_WHILE_CACHING.format(tests=os.path.dirname(os.path.abspath(__file__)), cache_dir=cache_dir)
+    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    complete = sorted(glob.glob(os.path.join(cache_dir, "*.json")))
+    assert len(complete) == 2, "two shards were complete when the run was killed"
+    written = {path: os.stat(path).st_mtime_ns for path in complete}
+    calls = []
+    forward = target_hidden_states
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return forward(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("angelspec_hf.training.data.target_hidden_states", counted)
+        cached = precompute_hidden_states(dataset, tiny_target, indices, cache_dir, shard_rows=2)
+    assert len(calls) == 2, "only the third shard's rows were computed again"
+    assert {path: os.stat(path).st_mtime_ns for path in complete} == written
+    assert len(cached) == len(dataset)
+    assert_hidden_states_of(tiny_target, cached, dataset, indices)
