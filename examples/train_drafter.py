@@ -40,15 +40,21 @@ class DrafterArguments:
     loss_type: str = field(default="kl", metadata={"help": "kl | ce | tv | lk"})
     kl_top_k: int | None = field(default=None, metadata={"help": "distil only the teacher's top-k tokens"})
     lk_eta: float = field(default=3.0, metadata={"help": "η of the lk loss"})
+    hidden_noise_std: float = field(default=0.0, metadata={"help": "noise on the target states read in training"})
+    warm_start: bool = field(default=False, metadata={"help": "draft layers and final norm copied from the target's last"})
+    zero_output_projections: bool = field(default=False, metadata={"help": "residual output projections start at 0"})
+    target_layer_ids: list[int] | None = field(
+        default=None, metadata={"help": "tapped target layers (MTP default: the last; DFly default: 5 spread out)"}
+    )
     # MTP
     num_depths: int = field(default=3, metadata={"help": "MTP: D, draft tokens per round = TTT depths"})
     training_time_test: bool = field(default=True, metadata={"help": "MTP: unroll the depths in training (TTT)"})
     ttt_token_choice: str = field(default="argmax", metadata={"help": "MTP: argmax | sample | ground_truth"})
     depth_loss_weights: list[float] | None = field(default=None, metadata={"help": "MTP: per-depth loss weights"})
+    hidden_regression_weight: float = field(default=0.0, metadata={"help": "MTP: EAGLE-1 feature regression weight"})
     # DFly
     block_size: int = field(default=16, metadata={"help": "DFly: block size (anchor + drafts)"})
     num_draft_layers: int = field(default=3, metadata={"help": "DFly: draft decoder layers"})
-    target_layer_ids: list[int] | None = field(default=None, metadata={"help": "DFly: tapped target layers"})
     mask_token_id: int | None = field(default=None, metadata={"help": "DFly: mask token id (default: unk/pad)"})
     per_layer_context_mix: bool = field(default=True, metadata={"help": "DFly: hybrid conditioning (off: DFlash)"})
     ar_head: bool = field(default=True, metadata={"help": "DFly: predecessor-conditioned head (off: DFlash)"})
@@ -56,23 +62,31 @@ class DrafterArguments:
     anchors_per_row: int = field(default=32, metadata={"help": "DFly: random anchor blocks per packed row"})
 
     def build(self, target, tokenizer):
-        """A fresh drafter of `drafter_type` for `target`."""
+        """A fresh drafter of `drafter_type` for `target` (warm-started from it when asked)."""
+        drafter = self._new(target, tokenizer)
+        if self.warm_start:
+            drafter.warm_start(target)
+        if self.zero_output_projections:
+            drafter.zero_output_projections()
+        return drafter
+
+    def _new(self, target, tokenizer):
         common = dict(
-            draft_vocab_size=self.draft_vocab_size, loss_type=self.loss_type, kl_top_k=self.kl_top_k, lk_eta=self.lk_eta
+            draft_vocab_size=self.draft_vocab_size, loss_type=self.loss_type, kl_top_k=self.kl_top_k, lk_eta=self.lk_eta,
+            hidden_noise_std=self.hidden_noise_std, target_layer_ids=self.target_layer_ids,
         )
         if self.drafter_type == "mtp":
             return AngelSpecMTPDrafter.from_target(
                 target, tokenizer, num_depths=self.num_depths, training_time_test=self.training_time_test,
-                ttt_token_choice=self.ttt_token_choice,
-                depth_loss_weights=self.depth_loss_weights, **common,
+                ttt_token_choice=self.ttt_token_choice, depth_loss_weights=self.depth_loss_weights,
+                hidden_regression_weight=self.hidden_regression_weight, **common,
             )
         if self.drafter_type == "dfly":
             mask = self.mask_token_id
             if mask is None:
                 mask = tokenizer.unk_token_id if tokenizer.unk_token_id is not None else tokenizer.pad_token_id
             return DFlyDrafter.from_target(
-                target, tokenizer, block_size=self.block_size, num_draft_layers=self.num_draft_layers,
-                target_layer_ids=self.target_layer_ids, mask_token_id=mask,
+                target, tokenizer, block_size=self.block_size, num_draft_layers=self.num_draft_layers, mask_token_id=mask,
                 per_layer_context_mix=self.per_layer_context_mix, ar_head=self.ar_head,
                 position_decay_gamma=self.position_decay_gamma, anchors_per_row=self.anchors_per_row, **common,
             )

@@ -11,7 +11,7 @@ import torch
 from conftest import ARCHITECTURES, make_target
 from transformers import AutoConfig, AutoModel
 
-from angelspec_hf import AngelSpecMTPConfig, AngelSpecMTPDrafter
+from angelspec_hf import AngelSpecMTPConfig, AngelSpecMTPDrafter, DFlyDrafter
 
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
@@ -128,22 +128,25 @@ def test_interrupted_save_leaves_the_previous_checkpoint_intact(tmp_path, monkey
     assert not [name for name in os.listdir(tmp_path.parent) if ".saving-" in name]
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
-def test_ttt_rollout_computes_what_inference_computes(model_type):
-    """Depth k of the training rollout at slot t equals the k-th draft of an inference round after slot t."""
+@pytest.mark.parametrize("model_type, target_layer_ids", [("llama", None), ("qwen3", None), ("llama", [0, 1])])
+def test_ttt_rollout_computes_what_inference_computes(model_type, target_layer_ids):
+    """Depth k of the training rollout at slot t equals the k-th draft of an inference round after slot t (with the
+    last target layer, or several layers fused, conditioning depth 0)."""
     target = make_target(model_type, seed=4)
-    drafter = AngelSpecMTPDrafter.from_target(target, num_depths=3, draft_vocab_size=48)
+    drafter = AngelSpecMTPDrafter.from_target(target, num_depths=3, draft_vocab_size=48, target_layer_ids=target_layer_ids)
     sequence = torch.randint(0, 95, (1, 24), generator=torch.Generator().manual_seed(0))
-    hidden = target(sequence, output_hidden_states=True).hidden_states[-1]
+    states = target(sequence, output_hidden_states=True).hidden_states
+    taps = [states[i] for i in drafter.target_hidden_state_indices()]
     positions = torch.arange(24)[None]
-    rollout = drafter.rollout(hidden[:, None], sequence, positions, torch.zeros_like(sequence))
+    rollout = drafter.rollout(torch.stack(taps, 1), sequence, positions, torch.zeros_like(sequence))
     for slot in (0, 9, 17):
         state = drafter.new_draft_state()
         _, inference_logits = drafter.propose(
-            state, (hidden[:, : slot + 1],), sequence[:, 1 : slot + 2], num_tokens=3, choose=lambda l: l.argmax(-1)
+            state, tuple(tap[:, : slot + 1] for tap in taps), sequence[:, 1 : slot + 2], num_tokens=3,
+            choose=lambda l: l.argmax(-1),
         )
         for depth in range(3):
-            torch.testing.assert_close(inference_logits[:, depth], rollout[depth][:, slot])
+            torch.testing.assert_close(inference_logits[:, depth], rollout[depth].logits[:, slot])
 
 
 def test_ttt_rollout_never_attends_across_packed_documents():
@@ -162,7 +165,7 @@ def test_ttt_rollout_never_attends_across_packed_documents():
     documents = torch.tensor([[0] * 10 + [1] * 8])
     packed = drafter.rollout(hidden[:, None], packed_ids, positions, documents)
     for depth in range(2):
-        torch.testing.assert_close(packed[depth][:, 10:], alone[depth])
+        torch.testing.assert_close(packed[depth].logits[:, 10:], alone[depth].logits)
 
 
 
@@ -175,3 +178,33 @@ def test_no_ttt_ablation_trains_depth_zero_only():
     without = AngelSpecMTPDrafter.from_target(target, num_depths=3, training_time_test=False)(*arguments)
     assert with_ttt.draft_positions.unique().tolist() == [1, 2, 3]
     assert without.draft_positions.unique().tolist() == [1]
+
+
+@pytest.mark.parametrize("zero_output_projections", [False, True])
+def test_warm_start_copies_the_targets_last_layers(zero_output_projections):
+    target = make_target("qwen3", num_hidden_layers=4)
+    drafters = [
+        AngelSpecMTPDrafter.from_target(target, num_depths=2),
+        DFlyDrafter.from_target(target, num_draft_layers=2, mask_token_id=0),
+    ]
+    for drafter in drafters:
+        drafter.warm_start(target)
+        if zero_output_projections:
+            drafter.zero_output_projections()
+        layers = drafter.draft_layers()
+        for draft_layer, target_layer in zip(layers, target.model.layers[-len(layers) :]):
+            for (name, draft), (_, original) in zip(draft_layer.state_dict().items(), target_layer.state_dict().items()):
+                if zero_output_projections and name in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
+                    assert not draft.any(), name
+                else:
+                    torch.testing.assert_close(draft, original, msg=name)
+        torch.testing.assert_close(drafter.norm.weight, target.model.norm.weight)
+
+
+def test_layer_taps_are_checked():
+    target = make_target("llama", num_hidden_layers=4)
+    for taps in ([4], [1, 1], [3, 0], []):
+        with pytest.raises(ValueError, match="target_layer_ids"):
+            AngelSpecMTPDrafter.from_target(target, target_layer_ids=taps)
+    drafter = AngelSpecMTPDrafter.from_target(target, target_layer_ids=[0, 2, 3])
+    assert drafter.target_hidden_state_indices() == [1, 3, 4] == drafter.training_hidden_state_indices()

@@ -130,6 +130,27 @@ def test_offline_hidden_states_give_the_same_loss_as_online(chat_target, smollm2
     torch.testing.assert_close(online_loss, offline_loss, rtol=1e-5, atol=1e-5)
 
 
+def test_feature_regression_and_feature_noise_enter_the_loss(chat_target, smollm2_tokenizer, responses, tmp_path):
+    from angelspec_hf.training.data import target_hidden_states
+    from angelspec_hf.training.losses import feature_regression_loss
+
+    dataset = build_training_dataset(responses, max_length=128)
+    batch = PackedCollator()([dataset[i] for i in range(2)])
+    trainer = make_trainer(chat_target, smollm2_tokenizer, dataset, tmp_path)
+    config = trainer.drafter.config
+    plain = trainer.compute_loss(trainer.model, batch)
+    config.hidden_regression_weight = 0.5
+    loss, outputs = trainer.compute_loss(trainer.model, batch, return_outputs=True)
+    (final,) = target_hidden_states(chat_target, batch["input_ids"], batch["position_ids"], [chat_target.config.num_hidden_layers])
+    expected = plain + 0.5 * feature_regression_loss(outputs.hidden_states, final.flatten(0, 1)[outputs.teacher_positions])
+    torch.testing.assert_close(loss, expected)
+    config.hidden_regression_weight, config.hidden_noise_std = 0.0, 0.3
+    _, clean = trainer.compute_loss(trainer.model.eval(), batch, return_outputs=True)
+    _, noised = trainer.compute_loss(trainer.model.train(), batch, return_outputs=True)
+    assert (noised.logits - clean.logits).abs().max() > 1e-3, "training reads noised states"
+    torch.testing.assert_close(clean.logits, outputs.logits, msg="no noise outside training")
+
+
 def test_training_lowers_the_loss_and_logs_real_acceptance(chat_target, smollm2_tokenizer, responses, tmp_path):
     dataset = build_training_dataset(responses, max_length=128)
     prompts = [torch.tensor([encode_chat(smollm2_tokenizer, row["prompt"])]) for row in load_prompts("mt_bench", limit=2)]

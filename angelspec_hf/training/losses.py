@@ -50,3 +50,17 @@ def position_weighted_loss(drafter, logits: torch.Tensor, teacher: torch.Tensor,
     for position in draft_positions.unique().tolist():
         loss = loss + weights[position - 1] * per_prediction[draft_positions == position].mean()
     return loss
+
+
+def feature_regression_loss(draft_features: torch.Tensor, target_features: torch.Tensor) -> torch.Tensor:
+    """EAGLE-1's feature regression: smooth-L1 between draft features and the target's, per element, averaged."""
+    return F.smooth_l1_loss(draft_features.float(), target_features.float())
+
+
+def with_feature_noise(hidden: torch.Tensor, std: float) -> torch.Tensor:
+    """A copy of the target states `hidden` [B, N, T, H] with Gaussian noise of `std` times each state's RMS (EAGLE's
+    feature noise): what the drafter reads in training; the teacher is read from the clean states."""
+    if not std:
+        return hidden
+    scale = hidden.float().pow(2).mean(-1, keepdim=True).sqrt().to(hidden.dtype)
+    return hidden + torch.randn_like(hidden) * std * scale

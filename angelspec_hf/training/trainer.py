@@ -24,7 +24,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, rota
 
 from .data import batch_hidden_states
 from .evaluation import estimate_acceptance
-from .losses import position_weighted_loss
+from .losses import feature_regression_loss, position_weighted_loss, with_feature_noise
 
 
 def last_complete_checkpoint(output_dir: str) -> str | None:
@@ -138,7 +138,7 @@ class AngelSpecTrainer(Trainer):
         drafter = self.drafter
         hidden = batch_hidden_states(drafter, self.target, inputs)
         outputs = model(
-            target_hidden=hidden,
+            target_hidden=with_feature_noise(hidden, drafter.config.hidden_noise_std) if model.training else hidden,
             input_ids=inputs["input_ids"],
             position_ids=inputs["position_ids"],
             document_ids=inputs["document_ids"],
@@ -147,6 +147,9 @@ class AngelSpecTrainer(Trainer):
         with torch.no_grad():  # the teacher: the target's lm_head on its final state, only where it is needed
             teacher = drafter.target_head_logits(hidden[:, -1].flatten(0, 1)[outputs.teacher_positions])
         loss = position_weighted_loss(drafter, outputs.logits, teacher, outputs.draft_positions)
+        if outputs.hidden_states is not None:
+            final = hidden[:, -1].flatten(0, 1)[outputs.teacher_positions]
+            loss = loss + drafter.config.hidden_regression_weight * feature_regression_loss(outputs.hidden_states, final)
         with torch.no_grad():
             agrees = outputs.logits.argmax(-1) == teacher.argmax(-1)
             for position in outputs.draft_positions.unique().tolist():

@@ -110,6 +110,9 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
     def default_num_draft_tokens(self) -> int:
         return self.config.block_size - 1
 
+    def draft_layers(self) -> list[nn.Module]:
+        return list(self.layers)
+
     def target_hidden_state_indices(self) -> list[int]:
         """hidden_states[i + 1] is the output of target layer i."""
         return [i + 1 for i in self.config.target_layer_ids]
