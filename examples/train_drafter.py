@@ -25,6 +25,7 @@ from angelspec_hf.training import (  # noqa: E402
     AcceptanceCallback,
     AngelSpecTrainer,
     PackedCollator,
+    TimeBudgetCallback,
     build_training_dataset,
     last_complete_checkpoint,
     precompute_hidden_states,
@@ -100,6 +101,10 @@ class DataArguments:
     hidden_states: str = field(default="offline", metadata={"help": "offline (precomputed cache) | online"})
     hidden_cache_dir: str = field(default=".cache/hidden_states", metadata={"help": "where offline states go"})
     hidden_dtype: str = field(default="float16", metadata={"help": "storage dtype of offline states"})
+    hidden_cache_indices: list[int] | None = field(
+        default=None,
+        metadata={"help": "target hidden_states indices to cache (a superset of the drafter's: one cache, many drafters)"},
+    )
     eval_responses: str | None = field(
         default=None,
         metadata={"help": "held-out target responses: the Trainer's evaluation is their offline acceptance estimate"},
@@ -110,6 +115,9 @@ class DataArguments:
     eval_max_new_tokens: int = field(default=64)
     eval_every_n_steps: int = field(default=100)
     data_dir: str | None = field(default=None, metadata={"help": "local prompt folder (default ../shared/data)"})
+    max_train_minutes: float | None = field(
+        default=None, metadata={"help": "stop (evaluate, save) after this much wall time: a fixed compute budget"}
+    )
 
 
 def parse_arguments(argv: list[str]):
@@ -144,13 +152,19 @@ def main(argv: list[str]) -> None:
     if data_args.hidden_states not in ("offline", "online"):
         raise ValueError(f"hidden_states must be 'offline' or 'online', got {data_args.hidden_states!r}")
 
+    needed = drafter.training_hidden_state_indices()
+    cached = data_args.hidden_cache_indices or needed
+    missing = [i for i in needed if i not in cached]
+    if missing:
+        raise ValueError(f"hidden_cache_indices {cached} lack the drafter's hidden states {missing}")
+    select = None if cached == needed else [cached.index(i) for i in needed]
+
     def with_hidden_states(dataset):
         if data_args.hidden_states == "online":
             return dataset
         with training_args.main_process_first(desc="precomputing target hidden states"):
             return precompute_hidden_states(
-                dataset, target.model, drafter.training_hidden_state_indices(), data_args.hidden_cache_dir,
-                dtype=data_args.hidden_dtype,
+                dataset, target.model, cached, data_args.hidden_cache_dir, dtype=data_args.hidden_dtype
             )
 
     dataset = with_hidden_states(build_training_dataset(data_args.responses, data_args.max_length, seed=training_args.seed))
@@ -165,7 +179,7 @@ def main(argv: list[str]) -> None:
         for row in load_prompts(data_args.eval_sources, data_dir=data_args.data_dir)
         if row["prompt"] not in trained_prompts
     ][: data_args.eval_prompts]
-    callbacks = []
+    callbacks = [TimeBudgetCallback(data_args.max_train_minutes)] if data_args.max_train_minutes else []
     if held_back:
         callbacks.append(
             AcceptanceCallback(target.model, held_back, data_args.eval_max_new_tokens, every_n_steps=data_args.eval_every_n_steps)
@@ -175,7 +189,7 @@ def main(argv: list[str]) -> None:
         args=training_args,
         train_dataset=dataset,
         eval_dataset=eval_dataset,
-        data_collator=PackedCollator(),
+        data_collator=PackedCollator(select=select if data_args.hidden_states == "offline" else None),
         callbacks=callbacks,
         target=target.model,
     )

@@ -128,6 +128,11 @@ def test_offline_hidden_states_give_the_same_loss_as_online(chat_target, smollm2
     offline_loss = trainer.compute_loss(trainer.model, offline_batch)
     assert online_loss.item() > 0
     torch.testing.assert_close(online_loss, offline_loss, rtol=1e-5, atol=1e-5)
+    # A cache of more layers serves the drafter through the collator's selection.
+    layers = chat_target.config.num_hidden_layers
+    wider = precompute_hidden_states(dataset, chat_target, [1, layers], str(tmp_path / "wider"), dtype="float32")
+    selected = PackedCollator(select=[1])([wider[i] for i in range(2)])
+    torch.testing.assert_close(selected["target_hidden"], offline_batch["target_hidden"])
 
 
 def test_feature_regression_and_feature_noise_enter_the_loss(chat_target, smollm2_tokenizer, responses, tmp_path):
@@ -163,6 +168,16 @@ def test_training_lowers_the_loss_and_logs_real_acceptance(chat_target, smollm2_
     logged = [entry for entry in trainer.state.log_history if "accept/tau" in entry]
     assert logged and all(1.0 <= entry["accept/tau"] <= 4.0 for entry in logged)
     assert {"accept/depth_1", "top1_agreement_position_3"} <= set().union(*trainer.state.log_history)
+
+
+def test_a_time_budget_stops_training_with_a_save(chat_target, smollm2_tokenizer, responses, tmp_path):
+    from angelspec_hf.training import TimeBudgetCallback
+
+    dataset = build_training_dataset(responses, max_length=128)
+    trainer = make_trainer(chat_target, smollm2_tokenizer, dataset, tmp_path, save_strategy="steps", save_steps=100)
+    trainer.add_callback(TimeBudgetCallback(minutes=0.0))
+    trainer.train()
+    assert trainer.state.global_step == 1 and os.path.isdir(tmp_path / "checkpoint-1")
 
 
 def test_resume_from_checkpoint_continues_the_same_run(chat_target, smollm2_tokenizer, responses, tmp_path):

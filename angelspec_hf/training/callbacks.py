@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 from transformers import TrainerCallback
 
@@ -58,3 +60,21 @@ class AcceptanceCallback(TrainerCallback):
     def pop_metrics(self) -> dict[str, float]:
         metrics, self._pending = self._pending, {}
         return metrics
+
+
+class TimeBudgetCallback(TrainerCallback):
+    """Stop training (with a final evaluation and save) once `minutes` of wall time have passed in this process:
+    recipes compared at one fixed compute budget rather than one step count."""
+
+    def __init__(self, minutes: float):
+        self.seconds = 60.0 * minutes
+        self.start: float | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if time.perf_counter() - self.start >= self.seconds:
+            control.should_training_stop = True
+            control.should_evaluate = args.eval_strategy != "no"
+            control.should_save = args.save_strategy != "no"

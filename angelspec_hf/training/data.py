@@ -261,9 +261,16 @@ def _cached_hidden_states(
 
 
 class PackedCollator:
-    """Pad packed rows to the longest in the batch; padding is its own document with no loss."""
+    """Pad packed rows to the longest in the batch; padding is its own document with no loss.
+
+    `select`: positions, in the cached `target_hidden` layers, of the ones the drafter reads (a cache of more layers,
+    e.g. low, middle, high and final, then serves drafters that tap any of them without recomputing).
+    """
 
     PAD_VALUES = {"input_ids": 0, "loss_mask": 0, "document_ids": -1}
+
+    def __init__(self, select: list[int] | None = None):
+        self.select = select
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
         width = max(len(row["input_ids"]) for row in rows)
@@ -277,7 +284,10 @@ class PackedCollator:
             [torch.cat([torch.as_tensor(row["position_ids"]), torch.arange(width - len(row["position_ids"]))]) for row in rows]
         )
         if "target_hidden" in rows[0]:  # stored [T, N, H]; the drafter reads [B, N, T, H]
+            hidden = [torch.as_tensor(row["target_hidden"]) for row in rows]
+            if self.select is not None:
+                hidden = [states[:, self.select] for states in hidden]
             batch["target_hidden"] = torch.stack(
-                [F.pad(torch.as_tensor(row["target_hidden"]), (0, 0, 0, 0, 0, width - len(row["input_ids"]))) for row in rows]
+                [F.pad(states, (0, 0, 0, 0, 0, width - len(states))) for states in hidden]
             ).transpose(1, 2)
         return batch

@@ -38,12 +38,8 @@ class LoadedTarget:
     name: str
 
 
-def load_target(name_or_path: str = DEFAULT_TARGET, dtype: torch.dtype = torch.float32) -> LoadedTarget:
-    """Load a target causal LM and its tokenizer.
-
-    `"smollm2"` loads the embedded SmolLM2-135M-Instruct GGUF; anything else goes to `from_pretrained` (a local
-    folder, or a Hub id when the Hub is reachable). `"path/to/dir::file.gguf"` loads a GGUF file from a folder.
-    """
+def _locate(name_or_path: str) -> tuple[str, dict, str]:
+    """Folder, `from_pretrained` keyword arguments and display name of a target name (see `load_target`)."""
     if name_or_path == DEFAULT_TARGET:
         directory, gguf_file, name = smollm2_directory(), SMOLLM2_GGUF_FILE, SMOLLM2_NAME
     elif "::" in name_or_path:
@@ -51,7 +47,22 @@ def load_target(name_or_path: str = DEFAULT_TARGET, dtype: torch.dtype = torch.f
         name = name_or_path
     else:
         directory, gguf_file, name = name_or_path, None, name_or_path
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    return directory, ({"gguf_file": gguf_file} if gguf_file else {}), name
+
+
+def load_target_tokenizer(name_or_path: str = DEFAULT_TARGET) -> PreTrainedTokenizerBase:
+    """Only the tokenizer of the target `load_target(name_or_path)` loads (no weights)."""
+    directory, kwargs, _ = _locate(name_or_path)
+    return AutoTokenizer.from_pretrained(directory, **kwargs)
+
+
+def load_target(name_or_path: str = DEFAULT_TARGET, dtype: torch.dtype = torch.float32) -> LoadedTarget:
+    """Load a target causal LM and its tokenizer.
+
+    `"smollm2"` loads the embedded SmolLM2-135M-Instruct GGUF; anything else goes to `from_pretrained` (a local
+    folder, or a Hub id when the Hub is reachable). `"path/to/dir::file.gguf"` loads a GGUF file from a folder.
+    """
+    directory, kwargs, name = _locate(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(directory, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **kwargs)
     model.eval().requires_grad_(False)

@@ -110,6 +110,9 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
     def default_num_draft_tokens(self) -> int:
         return self.config.block_size - 1
 
+    def draft_layers(self) -> list[nn.Module]:
+        return list(self.layers)
+
     def target_hidden_state_indices(self) -> list[int]:
         """hidden_states[i + 1] is the output of target layer i."""
         return [i + 1 for i in self.config.target_layer_ids]
@@ -161,22 +164,33 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
         document_ids: torch.LongTensor,
         loss_mask: torch.Tensor,
     ) -> DraftPredictions:
-        """Training forward on packed rows: `anchors_per_row` random blocks per row, drafted as inference does.
+        """Training forward on packed rows: `anchors_per_row` random blocks per row, drafted as inference does (in
+        eval mode a block at every eligible anchor: with the ground-truth predecessor, each block's predictions up to
+        its first miss are exactly greedy drafting's, which the offline acceptance estimate counts).
 
         An anchor a is a verified token whose successor is a response token of its document; its block attends to
         the context of earlier positions of the same document and, bidirectionally, to itself. Block position k
         predicts x_{a+k} against the target's distribution at position a+k-1; the AR head reads the ground truth
         x_{a+k-1}. `target_hidden` is [B, taps + 1, T, H] (tapped layers, then the final state used as teacher).
         """
-        batch, length = input_ids.shape
-        block = self.config.block_size
-        anchors, anchor_valid = self.sample_anchors(loss_mask, document_ids)  # [B, A]
-        num_anchors = anchors.shape[1]
-
         cache = DynamicCache()
         taps = [target_hidden[:, i] for i in range(len(self.config.target_layer_ids))]
         self.write_context(cache, taps, position_ids)
+        eligible = self.eligible_anchors(loss_mask, document_ids)
+        if self.training:
+            chunks = [self.sample_anchors(eligible)]
+        else:  # evaluation drafts a block from every eligible anchor, `anchors_per_row` at a time
+            chunks = self.all_anchors(eligible)
+        predictions = []
+        for anchors, anchor_valid in chunks:
+            predictions.append(self.predict_blocks(anchors, anchor_valid, cache, input_ids, position_ids, document_ids, loss_mask))
+            cache.crop(-anchors.shape[1] * self.config.block_size)  # drop this chunk's block keys
+        return DraftPredictions(**{key: torch.cat([chunk[key] for chunk in predictions]) for key in predictions[0]})
 
+    def predict_blocks(self, anchors, anchor_valid, cache, input_ids, position_ids, document_ids, loss_mask) -> DraftPredictions:
+        """The supervised predictions of the blocks at `anchors` [B, A] (context already in `cache`)."""
+        batch, length = input_ids.shape
+        block, num_anchors = self.config.block_size, anchors.shape[1]
         offsets = torch.arange(block, device=input_ids.device)
         anchor_positions = position_ids.gather(1, anchors)  # [B, A]
         block_positions = (anchor_positions[..., None] + offsets).flatten(1)
@@ -203,20 +217,37 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
             logits=logits, teacher_positions=rows * length + target_positions - 1, draft_positions=k + 1
         )
 
-    def sample_anchors(self, loss_mask, document_ids) -> tuple[torch.LongTensor, torch.Tensor]:
-        """Up to `anchors_per_row` random anchors per row (padded with position 0, marked invalid)."""
-        batch, length = loss_mask.shape
+    @staticmethod
+    def eligible_anchors(loss_mask, document_ids) -> torch.Tensor:
+        """[B, T-1] bool: position a can anchor a block (a verified token, not its document's first, followed by a
+        response token of its document)."""
         same_doc_next = document_ids[:, :-1] == document_ids[:, 1:]
         same_doc_previous = torch.cat([torch.zeros_like(same_doc_next[:, :1]), same_doc_next[:, :-1]], dim=1)
-        eligible = same_doc_next & same_doc_previous & loss_mask[:, 1:].bool() & (document_ids[:, :-1] >= 0)
+        return same_doc_next & same_doc_previous & loss_mask[:, 1:].bool() & (document_ids[:, :-1] >= 0)
+
+    def sample_anchors(self, eligible) -> tuple[torch.LongTensor, torch.Tensor]:
+        """Up to `anchors_per_row` random eligible anchors per row (padded with position 0, marked invalid)."""
+        orders = [candidates[torch.randperm(len(candidates), device=candidates.device)] for candidates in self._candidates(eligible)]
+        return self._pad_anchors([order[: self.config.anchors_per_row].sort().values for order in orders], eligible)
+
+    def all_anchors(self, eligible) -> list[tuple[torch.LongTensor, torch.Tensor]]:
+        """Every eligible anchor, in chunks of `anchors_per_row` per row."""
+        candidates = self._candidates(eligible)
         count = self.config.anchors_per_row
-        anchors = torch.zeros(batch, count, dtype=torch.long, device=loss_mask.device)
-        valid = torch.zeros(batch, count, dtype=torch.bool, device=loss_mask.device)
-        for row in range(batch):
-            candidates = eligible[row].nonzero()[:, 0]
-            chosen = candidates[torch.randperm(len(candidates), device=candidates.device)[:count]]
-            anchors[row, : len(chosen)] = chosen.sort().values
-            valid[row, : len(chosen)] = True
+        num_chunks = max(1, -(-max(len(c) for c in candidates) // count))
+        return [self._pad_anchors([c[i * count : (i + 1) * count] for c in candidates], eligible) for i in range(num_chunks)]
+
+    @staticmethod
+    def _candidates(eligible) -> list[torch.LongTensor]:
+        return [row.nonzero()[:, 0] for row in eligible]
+
+    def _pad_anchors(self, chosen: list[torch.LongTensor], eligible) -> tuple[torch.LongTensor, torch.Tensor]:
+        batch, count = len(chosen), self.config.anchors_per_row
+        anchors = torch.zeros(batch, count, dtype=torch.long, device=eligible.device)
+        valid = torch.zeros(batch, count, dtype=torch.bool, device=eligible.device)
+        for row, positions in enumerate(chosen):
+            anchors[row, : len(positions)] = positions
+            valid[row, : len(positions)] = True
         return anchors, valid
 
     def training_attention_mask(self, anchors, anchor_valid, document_ids) -> torch.Tensor:

@@ -28,6 +28,7 @@ class MTPDrafterOutput(ModelOutput):
     """`last_hidden_state` is h(k) before the final norm (fed to the next depth); `logits` are over the draft vocab."""
 
     last_hidden_state: torch.Tensor | None = None
+    features: torch.Tensor | None = None  # RMSNorm(h(k)), what the head reads
     logits: torch.Tensor | None = None
     past_key_values: DynamicCache | None = None
 
@@ -50,6 +51,9 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         hidden_size, eps = config.hidden_size, layer_config.rms_norm_eps
         self.hidden_norm = family.rms_norm(hidden_size, eps=eps)
         self.embed_norm = family.rms_norm(hidden_size, eps=eps)
+        num_taps = len(config.target_layer_ids)
+        # EAGLE-3-style conditioning on several target layers: their concatenation projected to h(0).
+        self.target_fusion = nn.Linear(num_taps * hidden_size, hidden_size, bias=False) if num_taps > 1 else None
         self.fusion = nn.Linear(2 * hidden_size, hidden_size, bias=False)  # W_proj of eq. 1
         self.layer = family.decoder_layer(layer_config, layer_idx=0)
         self.rotary_emb = family.rotary_embedding(config=layer_config)
@@ -58,6 +62,13 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
 
     def default_num_draft_tokens(self) -> int:
         return self.config.num_depths
+
+    def draft_layers(self) -> list[nn.Module]:
+        return [self.layer]
+
+    def condition(self, taps) -> torch.Tensor:
+        """h(0) from the tapped target states (each [B, T, H]): the one state itself, or several projected to one."""
+        return taps[0] if self.target_fusion is None else self.target_fusion(torch.cat(list(taps), dim=-1))
 
     def step(
         self,
@@ -89,7 +100,10 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
             use_cache=use_cache,
             position_embeddings=position_embeddings,
         )
-        return MTPDrafterOutput(last_hidden_state=hidden, logits=self.draft_logits(self.norm(hidden)), past_key_values=past_key_values)
+        features = self.norm(hidden)
+        return MTPDrafterOutput(
+            last_hidden_state=hidden, features=features, logits=self.draft_logits(features), past_key_values=past_key_values
+        )
 
     # -- training-time test (§2.2) --------------------------------------------------------------------------------
 
@@ -104,26 +118,30 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         """Training forward: the TTT rollout, keeping the predictions that are supervised.
 
         Depth k at slot t predicts token t+k+2 against the target's distribution at position t+k+1: kept when that
-        token is a response token (`loss_mask`) of the same document.
+        token is a response token (`loss_mask`) of the same document. In eval mode every depth is unrolled with
+        greedy choices, so the predictions are the greedy draft chain of every slot (the offline acceptance estimate).
         """
         length = input_ids.shape[1]
-        logits, teacher_positions, draft_positions = [], [], []
-        for depth, depth_logits in enumerate(self.rollout(target_hidden, input_ids, position_ids, document_ids)):
+        logits, features, teacher_positions, draft_positions = [], [], [], []
+        for depth, output in enumerate(self.rollout(target_hidden, input_ids, position_ids, document_ids)):
             span = length - depth - 2
             if span <= 0:
                 break
             valid = loss_mask[:, depth + 2 :].bool() & (document_ids[:, :span] == document_ids[:, depth + 2 :])
             rows, slots = valid.nonzero(as_tuple=True)
-            logits.append(depth_logits[rows, slots])
+            logits.append(output.logits[rows, slots])
+            features.append(output.features[rows, slots])
             teacher_positions.append(rows * length + slots + depth + 1)
             draft_positions.append(torch.full_like(slots, depth + 1))
         return DraftPredictions(
-            logits=torch.cat(logits), teacher_positions=torch.cat(teacher_positions), draft_positions=torch.cat(draft_positions)
+            logits=torch.cat(logits), teacher_positions=torch.cat(teacher_positions),
+            draft_positions=torch.cat(draft_positions),
+            hidden_states=torch.cat(features) if self.config.hidden_regression_weight else None,
         )
 
     def draft_position_weights(self) -> torch.Tensor:
-        if not self.config.training_time_test:
-            return torch.ones(1)  # only depth 0 is trained
+        if not self.config.training_time_test:  # only depth 0 is trained
+            return torch.tensor([1.0] + [0.0] * (self.config.num_depths - 1))
         return torch.tensor(self.config.depth_loss_weights)
 
     def rollout(
@@ -132,15 +150,15 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         input_ids: torch.LongTensor,
         position_ids: torch.LongTensor,
         document_ids: torch.LongTensor,
-    ) -> tuple[torch.Tensor, ...]:
+    ) -> tuple[MTPDrafterOutput, ...]:
         """Training-time test: unroll the D depths over a (packed) sequence, as inference will run them.
 
         Slot t pairs the target state h_t with token x_{t+1}; depth k at slot t predicts x_{t+k+2}. Depth 0 reads the
         ground-truth token; depth k >= 1 reads the token the drafter chose at depth k-1 (`config.ttt_token_choice`)
         and its hidden state. A depth-k query attends to depth-0 keys of earlier slots of its document (causal) and
         to its own slot's keys at depths 1..k — exactly the cache layout of one inference round.
-        `target_hidden` is [B, 1, T, H] (the states of `target_hidden_state_indices`). Returns the draft-vocabulary
-        logits of every depth, each [B, T-1, V_draft].
+        `target_hidden` is [B, N, T, H] (the states of `target_hidden_state_indices` first). Returns every
+        depth's output (draft-vocabulary logits [B, T-1, V_draft], features, states).
         """
         slots = input_ids.shape[1] - 1
         tokens = input_ids[:, 1:]
@@ -153,18 +171,23 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         depth0_keys = (same_doc & causal) | eye  # every query sees at least itself
         eye = eye.expand_as(depth0_keys)
 
-        cache, hidden, all_logits = DynamicCache(), target_hidden[:, 0, :-1], []
-        depths = self.config.num_depths if self.config.training_time_test else 1
+        taps = [target_hidden[:, i, :-1] for i in range(len(self.config.target_layer_ids))]
+        cache, hidden, outputs = DynamicCache(), self.condition(taps), []
+        # Evaluation unrolls every depth inference drafts, also for the no-TTT ablation trained on depth 0 only.
+        depths = self.config.num_depths if self.config.training_time_test or not self.training else 1
         for depth in range(depths):
             mask = torch.cat([depth0_keys] + [eye] * depth, dim=-1)[:, None]
             output = self.step(hidden, tokens, positions + depth, attention_mask=mask, past_key_values=cache, use_cache=True)
-            all_logits.append(output.logits)
+            outputs.append(output)
             hidden = output.last_hidden_state
             tokens = self._next_depth_tokens(output.logits.detach(), input_ids, depth)
-        return tuple(all_logits)
+        return tuple(outputs)
 
     def _next_depth_tokens(self, logits: torch.Tensor, input_ids: torch.LongTensor, depth: int) -> torch.LongTensor:
-        """Token read by depth+1 at each slot: the drafter's own choice (TTT) or the ground truth x_{t+depth+2}."""
+        """Token read by depth+1 at each slot: the drafter's own choice (TTT) or the ground truth x_{t+depth+2};
+        in evaluation always the greedy choice, as greedy drafting makes it."""
+        if not self.training:
+            return self.to_target_ids(logits.argmax(-1))
         if self.config.ttt_token_choice == "ground_truth":
             shifted = input_ids[:, depth + 2 :]
             return torch.cat([shifted, shifted.new_zeros(shifted.shape[0], depth + 1)], dim=1)
@@ -177,8 +200,9 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
     # -- inference: one drafting round ----------------------------------------------------------------------------
 
     def target_hidden_state_indices(self) -> list[int]:
-        """Which of the target's `hidden_states` the drafter reads: the last (final-normed) one."""
-        return [self.config.target_num_hidden_layers]
+        """Which of the target's `hidden_states` the drafter reads: hidden_states[i + 1] is layer i's output (the
+        last one is the final-normed state)."""
+        return [i + 1 for i in self.config.target_layer_ids]
 
     @torch.no_grad()
     def propose(
@@ -207,7 +231,10 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         positions = cache.position_ids(count, offset=1)  # slot t holds token x_{t+1}: its position is t + 1
         cache.append(new_valid)
         mask = cache.attention_mask(count)
-        output = self.step(target_hidden[0], new_token_ids, positions, attention_mask=mask, past_key_values=cache.cache, use_cache=True)
+        output = self.step(
+            self.condition(target_hidden), new_token_ids, positions, attention_mask=mask, past_key_values=cache.cache,
+            use_cache=True,
+        )
         state.commit()
         hidden, logits, position = (last_valid(t, new_valid) for t in (output.last_hidden_state, output.logits, positions))
         draft_ids, draft_logits = [], []

@@ -46,6 +46,7 @@ class DraftPredictions(ModelOutput):
     logits: torch.Tensor | None = None
     teacher_positions: torch.LongTensor | None = None
     draft_positions: torch.LongTensor | None = None
+    hidden_states: torch.Tensor | None = None  # [N, H] the draft features the head reads, where a drafter regresses them
 
 
 @dataclass
@@ -168,6 +169,8 @@ class AngelSpecDrafterConfig(PretrainedConfig):
             (λ·KL + (1-λ)·TV with λ = exp(-η·sg[α]), AngelSpec's hybrid).
         kl_top_k (`int`, *optional*): distil only the teacher's top-k tokens (renormalised) to bound memory.
         lk_eta (`float`): η of the `"lk"` loss.
+        hidden_noise_std (`float`, defaults to 0): in training, Gaussian noise of this standard deviation (relative to
+            each state's RMS) added to the target states the drafter reads (EAGLE's feature noise), not to the teacher.
     """
 
     def __init__(
@@ -180,9 +183,12 @@ class AngelSpecDrafterConfig(PretrainedConfig):
         loss_type: str = "kl",
         kl_top_k: int | None = None,
         lk_eta: float = 3.0,
+        hidden_noise_std: float = 0.0,
         **kwargs,
     ):
         check_target_config(target_config or {})
+        check_number("hidden_noise_std", hidden_noise_std)
+        self.hidden_noise_std = hidden_noise_std
         self.target_config = {k: v for k, v in (target_config or {}).items() if k not in _NON_LAYER_KEYS}
         target_vocab_size = self.target_config.get("vocab_size")
         if draft_vocab_size is not None:
@@ -264,6 +270,27 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
     def draft_position_weights(self) -> torch.Tensor:
         """Loss weight of draft position k = 1..K."""
         raise NotImplementedError
+
+    def draft_layers(self) -> list[nn.Module]:
+        """The drafter's decoder layers (of the target's family), in order."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def warm_start(self, target: PreTrainedModel) -> None:
+        """Start from the target instead of random layers: the draft layers become copies of the target's last
+        layers (same family and shapes), the final norm the target's."""
+        draft_layers = self.draft_layers()
+        for draft_layer, target_layer in zip(draft_layers, list(target.get_decoder().layers)[-len(draft_layers) :]):
+            draft_layer.load_state_dict(target_layer.state_dict())
+        self.norm.load_state_dict(target.get_decoder().norm.state_dict())
+
+    @torch.no_grad()
+    def zero_output_projections(self) -> None:
+        """Zero each draft layer's residual output projections (attention `o_proj`, MLP `down_proj`): every layer
+        starts as the identity."""
+        for layer in self.draft_layers():
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
 
     def new_draft_state(self, batch_size: int = 1) -> DraftState:
         return DraftState(cache=RaggedCache(batch_size, self.device))
