@@ -41,6 +41,10 @@ RUNGS = {
         "lr_3e-3": ["--learning_rate", "0.003"],
         "batch_4": ["--gradient_accumulation_steps", "4", "--learning_rate", "0.0016"],
         "depth_weights_decay": ["--depth_loss_weights", "0.5", "0.3", "0.2"],
+        # Data source at a similar size (the regenerated file has 1,204 responses, ~170 k response tokens): the
+        # prompt sets' own answers read teacher-forced (TF_CHAT), and both together.
+        "data_teacher_forced": ["--responses", "runs/data/tf_chat.jsonl.gz"],
+        "data_mixed": ["--responses", "data/smollm2-135m-instruct/chat_responses.jsonl.gz,runs/data/tf_chat.jsonl.gz"],
     },
     "dfly": {
         "baseline": [],
@@ -51,7 +55,18 @@ RUNGS = {
         "lr_3e-3": ["--learning_rate", "0.003"],
         "anchors_64": ["--anchors_per_row", "64"],
         "loss_kl": ["--loss_type", "kl"],
+        "data_teacher_forced": ["--responses", "runs/data/tf_code_math_small.jsonl.gz"],
+        "data_mixed": [
+            "--responses", "data/smollm2-135m-instruct/code_math_responses.jsonl.gz,runs/data/tf_code_math_small.jsonl.gz"
+        ],
     },
+}
+# The teacher-forced files of the data rungs (made in a minute, not committed):
+TEACHER_FORCED = {
+    "runs/data/tf_chat.jsonl.gz": "angelspec teacher-forced --sources alpaca_eval,self_instruct,self_instruct_seed,mtbench101 "
+    "--output runs/data/tf_chat.jsonl.gz",
+    "runs/data/tf_code_math_small.jsonl.gz": "angelspec teacher-forced --sources gsm8k_train,code_alpaca,mbpp_train "
+    "--limit-per-source 400 --output runs/data/tf_code_math_small.jsonl.gz",
 }
 
 
@@ -92,6 +107,9 @@ def main(argv: list[str]) -> None:
     if unknown:
         raise SystemExit(f"unknown rungs {unknown}; {drafter_type} has {list(rungs)}")
     os.makedirs(args.output, exist_ok=True)
+    for path, command in TEACHER_FORCED.items():
+        if any(path in part for name in names for part in rungs[name]) and not os.path.exists(path):
+            subprocess.run([os.path.join(os.path.dirname(sys.executable), command.split()[0]), *command.split()[1:]], check=True)
 
     if args.prepare:  # a zero-minute run computes (or verifies) the caches of the training and held-out data
         subprocess.run(rung_command(args.config, os.path.join(args.output, "prepare"), [], ["--max_steps", "1"]), check=True)

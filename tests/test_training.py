@@ -260,3 +260,18 @@ def test_top_k_distillation_is_the_full_kl_when_k_covers_the_vocabulary():
     torch.testing.assert_close(distillation_kl(student, teacher, top_k=32), full)
     assert (full >= 0).all() and torch.allclose(distillation_kl(teacher, teacher), torch.zeros(5), atol=1e-6)
     assert torch.isfinite(distillation_kl(student, teacher, top_k=4)).all()
+
+
+def test_every_recipe_ladder_rung_is_a_valid_training_command():
+    sys.path.insert(0, os.path.join(REPO, "examples"))
+    try:
+        from recipe_ladder import RUNGS
+        from train_drafter import parse_arguments
+    finally:
+        sys.path.pop(0)
+    for kind, rungs in RUNGS.items():
+        config = os.path.join(REPO, "examples", "configs", f"smollm2_{kind}_ladder.yaml")
+        for name, overrides in rungs.items():
+            drafter_args, data_args, training_args = parse_arguments(["--config", config, *overrides, "--output_dir", "x"])
+            assert drafter_args.drafter_type == kind and data_args.max_train_minutes == 20, name
+            assert training_args.eval_strategy == "steps" and data_args.eval_responses, name
