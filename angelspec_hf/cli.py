@@ -19,7 +19,7 @@ class UsageError(ValueError):
 
 def _regenerate(args: argparse.Namespace) -> None:
     from .generation.dcut import load_cost_model
-    from .generation.engine import PROFILED_ROWS
+    from .generation.engine import profiled_rows
     from .targets import load_target
     from .training.regenerate import regenerate_responses
 
@@ -30,8 +30,7 @@ def _regenerate(args: argparse.Namespace) -> None:
         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, temperature=args.temperature, seed=args.seed,
     )
     print(f"{len(records)} responses in {args.output}")
-    rows = [r for r in PROFILED_ROWS if r < args.batch_size] + [args.batch_size]
-    bound = args.batch_size / load_cost_model(target.model, rows=rows)(args.batch_size, 1)
+    bound = args.batch_size / load_cost_model(target.model, rows=profiled_rows(args.batch_size))(args.batch_size, 1)
     print(f"the bound of batched decoding on this machine ({args.batch_size} rows per forward): {bound:.0f} tokens/s")
 
 
@@ -156,6 +155,7 @@ DEFAULT_HELDOUT = os.path.join(
 def _estimate(args: argparse.Namespace) -> None:
     import json
 
+    from torch.utils.data import DataLoader
     from transformers import AutoModel
 
     from .targets import load_target
@@ -166,8 +166,7 @@ def _estimate(args: argparse.Namespace) -> None:
     sources = args.sources.split(",") if args.sources else None
     dataset = build_training_dataset(args.responses, args.max_length, sources=sources)
     dataset = precompute_hidden_states(dataset, target.model, drafter.training_hidden_state_indices(), args.hidden_cache_dir)
-    collate = PackedCollator()
-    batches = (collate([dataset[i] for i in range(start, min(start + 4, len(dataset)))]) for start in range(0, len(dataset), 4))
+    batches = DataLoader(dataset, batch_size=4, collate_fn=PackedCollator())
     metrics = estimate_acceptance(drafter, batches, num_draft_tokens=args.num_draft_tokens)
     depths = args.num_draft_tokens or drafter.generation_config.num_assistant_tokens
     print(f"{metrics['documents']} responses, {metrics['rounds']} rounds of greedy decoding, offline")
@@ -198,19 +197,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     regenerate.add_argument("--seed", type=int, default=0, help="first sampling seed (prompt i gets seed + i)")
 
-    references = commands.add_parser(
+    teacher_forced = commands.add_parser(
         "teacher-forced", help="existing text (prompt sets' own answers, Python sources) as training responses"
     )
-    references.add_argument("--target", default="smollm2", help="whose tokenizer and chat template")
-    references.add_argument("--sources", default="", help="comma-separated prompt sets with answers, e.g. gsm8k_train")
-    references.add_argument("--python-source", default=None, help="a folder of .py files ('stdlib': Python's own)")
-    references.add_argument("--output", required=True, help="gzipped JSONL file (replaced)")
-    references.add_argument("--data-dir", default=None)
-    references.add_argument("--limit-per-source", type=positive_int, default=None)
-    references.add_argument("--max-prompt-tokens", type=positive_int, default=384)
-    references.add_argument("--max-response-tokens", type=positive_int, default=1024)
-    references.add_argument("--chunk-tokens", type=positive_int, default=768, help="tokens per Python-source response")
-    references.set_defaults(func=_teacher_forced)
+    teacher_forced.add_argument("--target", default="smollm2", help="whose tokenizer and chat template")
+    teacher_forced.add_argument("--sources", default="", help="comma-separated prompt sets with answers, e.g. gsm8k_train")
+    teacher_forced.add_argument("--python-source", default=None, help="a folder of .py files ('stdlib': Python's own)")
+    teacher_forced.add_argument("--output", required=True, help="gzipped JSONL file (replaced)")
+    teacher_forced.add_argument("--data-dir", default=None)
+    teacher_forced.add_argument("--limit-per-source", type=positive_int, default=None)
+    teacher_forced.add_argument("--max-prompt-tokens", type=positive_int, default=384)
+    teacher_forced.add_argument("--max-response-tokens", type=positive_int, default=1024)
+    teacher_forced.add_argument("--chunk-tokens", type=positive_int, default=768, help="tokens per Python-source response")
+    teacher_forced.set_defaults(func=_teacher_forced)
     regenerate.set_defaults(func=_regenerate)
 
     demo = commands.add_parser("demo", help="SmolLM2 with the shipped MTP drafter: outputs, τ and speedup")

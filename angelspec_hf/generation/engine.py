@@ -35,6 +35,11 @@ from ..metrics import SpeculationStats
 from .dcut import ConfidenceCalibrator, DraftRound, dcut_depths, load_cost_model
 
 PROFILED_ROWS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def profiled_rows(max_batch_size: int) -> list[int]:
+    """Batch sizes to profile the verify cost at for batches of up to `max_batch_size` rows."""
+    return [r for r in PROFILED_ROWS if r < max_batch_size] + [max_batch_size]
 REPROBE_ROUNDS = 8  # after this many rounds without drafting D-cut drafts once anyway, to keep its estimate current
 MAX_REPROBE_ROUNDS = 64  # the interval doubles up to this while those probes confirm that drafting does not pay
 
@@ -206,8 +211,7 @@ class SpeculativeEngine:
             if self.fixed_depth is not None:
                 self.max_draft = min(self.max_draft, self.fixed_depth)
         if drafter is not None and self.dcut:
-            rows = [r for r in PROFILED_ROWS if r < max_batch_size] + [max_batch_size]
-            self.verify_seconds = cost_model or load_cost_model(target, rows=rows)
+            self.verify_seconds = cost_model or load_cost_model(target, rows=profiled_rows(max_batch_size))
             if getattr(drafter, "dcut_calibrator", None) is None:
                 drafter.dcut_calibrator = ConfidenceCalibrator()
             self.calibrator = drafter.dcut_calibrator

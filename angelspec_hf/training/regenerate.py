@@ -18,7 +18,6 @@ import torch
 from tqdm.auto import tqdm
 
 from ..generation.engine import Request, SpeculativeEngine
-
 from ..prompts import encode_chat, load_prompts, load_references
 
 
