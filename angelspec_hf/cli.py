@@ -179,6 +179,18 @@ def _estimate(args: argparse.Namespace) -> None:
             json.dump({"command": args.command_line, "drafter": args.drafter, **metrics}, handle, indent=1)
 
 
+def _curve(args: argparse.Namespace) -> None:
+    from .training.curves import curve_table, plot_training_curves, training_curve
+
+    labels = args.labels.split(",") if args.labels else [os.path.basename(os.path.normpath(run)) for run in args.runs]
+    if len(labels) != len(args.runs):
+        raise UsageError(f"--labels names {len(labels)} runs, {len(args.runs)} were given")
+    curves = {label: training_curve(run) for label, run in zip(labels, args.runs)}
+    print(curve_table(curves))
+    if args.output:
+        print(f"-> {plot_training_curves(curves, args.output, target_tau=args.target_tau)}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="angelspec", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -258,6 +270,13 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("--output", default=None, help="JSON file of the metrics")
     estimate.set_defaults(func=_estimate)
 
+    curve = commands.add_parser("curve", help="offline τ of training runs against CPU-hours and tokens: table and plot")
+    curve.add_argument("runs", nargs="+", help="training output folders (their trainer_state.json)")
+    curve.add_argument("--labels", default=None, help="comma-separated, one per run (default: the folder names)")
+    curve.add_argument("--target-tau", type=float, default=None, help="draw this τ as a line")
+    curve.add_argument("--output", default=None, help="PNG of the curves")
+    curve.set_defaults(func=_curve)
+
     from .benchmark import suite
 
     suite_parser = commands.add_parser("suite", help="every method on every domain, plus the batched engine: JSON, Markdown, plots")
@@ -278,7 +297,7 @@ HUB_ID = re.compile(r"[\w-][\w.-]*(/[\w-][\w.-]*)?")
 def check_arguments(args: argparse.Namespace) -> None:
     """Check what the command line names on disk — models, prompt files, output paths — before any model loads;
     raise `UsageError` on the first mistake."""
-    if args.target != "smollm2":
+    if getattr(args, "target", "smollm2") != "smollm2":
         folder, _, gguf_file = args.target.partition("::")
         _check_model("--target", folder, "target", filename=gguf_file or "config.json")
         if gguf_file and os.path.isdir(folder) and not os.path.isfile(os.path.join(folder, gguf_file)):
@@ -293,6 +312,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise UsageError(f"--data-dir {data_dir}: no such folder")
     if args.command == "suite" and not os.path.isdir(args.drafters_dir):
         raise UsageError(f"--drafters-dir {args.drafters_dir}: no such folder")
+    if args.command == "curve" and not all(os.path.isdir(run) for run in args.runs):
+        raise UsageError(f"{[run for run in args.runs if not os.path.isdir(run)]}: no such training output folder")
     if args.command == "estimate" and not all(os.path.isfile(path) for path in args.responses.split(",")):
         raise UsageError(f"--responses {args.responses}: no such file (make one with `angelspec regenerate`)")
     if args.command == "teacher-forced":

@@ -4,12 +4,12 @@
     python examples/recipe_ladder.py --config examples/configs/smollm2_dfly_ladder.yaml --output runs/ladder-dfly
 
 Each rung is `examples/train_drafter.py --config CONFIG` plus its overrides, run on one thread (`--parallel` rungs at
-a time, one per core) with the config's `max_train_minutes` budget; its score is the Trainer's final evaluation, the
-offline acceptance estimate on the config's held-out responses. A rung with a result is not run again; one that
-was interrupted is run again from the start (a resumed rung would get more than the budget), so the ladder can be
-stopped and continued losing at most the rungs in progress. The table goes to
-`OUTPUT/ladder.md` and `OUTPUT/ladder.json`. Rungs share the config's hidden-state cache: compute it once first
-(`--prepare`), so no rung spends its budget on it.
+a time, one per core) for the config's `max_cpu_minutes` (CPU time, so rungs sharing the cores get the same
+compute); its score is the Trainer's final evaluation, the offline acceptance estimate on the config's held-out
+responses. A rung with a result is not run again; one that was interrupted is run again from the start (a resumed
+rung would get more than the budget), so the ladder can be stopped, or run in parts with `--rungs`, losing at most
+the rungs in progress. The table of every rung with a result goes to `OUTPUT/ladder.md` and `OUTPUT/ladder.json`.
+Compute the hidden-state caches the rungs read first (`--prepare`), so no rung waits for them.
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--output", required=True, help="folder of the rungs' runs and the table")
     parser.add_argument("--rungs", default=None, help="comma-separated rung names (default: all of the drafter type)")
     parser.add_argument("--parallel", type=int, default=2, help="rungs at a time, one thread each")
-    parser.add_argument("--prepare", action="store_true", help="only compute the shared hidden-state caches")
+    parser.add_argument("--minutes", type=float, default=None, help="CPU minutes per rung (default: the config's max_cpu_minutes)")
+    parser.add_argument("--prepare", action="store_true", help="only compute the hidden-state caches the rungs read")
     args = parser.parse_args(argv)
     with open(args.config) as handle:
         drafter_type = yaml.safe_load(handle)["drafter_type"]
@@ -111,9 +112,12 @@ def main(argv: list[str]) -> None:
         if any(path in part for name in names for part in rungs[name]) and not os.path.exists(path):
             subprocess.run([os.path.join(os.path.dirname(sys.executable), command.split()[0]), *command.split()[1:]], check=True)
 
-    if args.prepare:  # a zero-minute run computes (or verifies) the caches of the training and held-out data
-        subprocess.run(rung_command(args.config, os.path.join(args.output, "prepare"), [], ["--max_steps", "1"]), check=True)
+    if args.prepare:  # one-step runs compute (or verify) the caches of the base and of each rung with its own data
+        for overrides in [[]] + [rungs[name] for name in names if "--responses" in rungs[name]]:
+            command = rung_command(args.config, os.path.join(args.output, "prepare"), overrides, ["--max_steps", "1"])
+            subprocess.run(command, check=True)
         return
+    budget = [] if args.minutes is None else ["--max_cpu_minutes", str(args.minutes)]
 
     one_thread = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     todo = [name for name in names if final_evaluation(os.path.join(args.output, name)) is None]
@@ -124,7 +128,7 @@ def main(argv: list[str]) -> None:
             shutil.rmtree(os.path.join(args.output, name), ignore_errors=True)
             log = open(os.path.join(args.output, f"{name}.log"), "a")
             process = subprocess.Popen(
-                rung_command(args.config, os.path.join(args.output, name), rungs[name], []),
+                rung_command(args.config, os.path.join(args.output, name), rungs[name], budget),
                 env=one_thread, stdout=log, stderr=subprocess.STDOUT,
             )
             running.append((name, process, time.time()))
@@ -135,9 +139,11 @@ def main(argv: list[str]) -> None:
                 running.remove((name, process, started))
                 print(f"{name}: exit {process.returncode} after {(time.time() - started) / 60:.1f} min", flush=True)
 
-    results = {name: final_evaluation(os.path.join(args.output, name)) for name in names}
+    # The table covers every rung of this output folder, so the ladder can be run in parts (`--rungs`).
+    results = {name: final_evaluation(os.path.join(args.output, name)) for name in rungs}
+    results = {name: result for name, result in results.items() if result is not None or name in names}
     with open(os.path.join(args.output, "ladder.json"), "w") as handle:
-        json.dump({"config": args.config, "rungs": {n: rungs[n] for n in names}, "results": results}, handle, indent=1)
+        json.dump({"config": args.config, "rungs": {n: rungs[n] for n in results}, "results": results}, handle, indent=1)
     lines = ["| rung | steps | offline τ | τ by draft length | acceptance by depth | top-4 recall, depth 1 | eval loss |",
              "| --- | ---: | ---: | --- | --- | ---: | ---: |"]
     for name, result in sorted(results.items(), key=lambda item: -(item[1] or {}).get("eval_tau", 0)):

@@ -17,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 import yaml  # noqa: E402
+from datasets import concatenate_datasets  # noqa: E402
 from transformers import HfArgumentParser, TrainingArguments, set_seed  # noqa: E402
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, load_target  # noqa: E402
@@ -24,8 +25,8 @@ from angelspec_hf.prompts import encode_chat, load_prompts  # noqa: E402
 from angelspec_hf.training import (  # noqa: E402
     AcceptanceCallback,
     AngelSpecTrainer,
+    CpuClockCallback,
     PackedCollator,
-    TimeBudgetCallback,
     build_training_dataset,
     last_complete_checkpoint,
     precompute_hidden_states,
@@ -115,8 +116,9 @@ class DataArguments:
     eval_max_new_tokens: int = field(default=64)
     eval_every_n_steps: int = field(default=100)
     data_dir: str | None = field(default=None, metadata={"help": "local prompt folder (default ../shared/data)"})
-    max_train_minutes: float | None = field(
-        default=None, metadata={"help": "stop (evaluate, save) after this much wall time: a fixed compute budget"}
+    max_cpu_minutes: float | None = field(
+        default=None,
+        metadata={"help": "stop (evaluate, save) once training used this much CPU time, over resumed parts: a budget"},
     )
 
 
@@ -167,7 +169,11 @@ def main(argv: list[str]) -> None:
                 dataset, target.model, cached, data_args.hidden_cache_dir, dtype=data_args.hidden_dtype
             )
 
-    dataset = with_hidden_states(build_training_dataset(data_args.responses, data_args.max_length, seed=training_args.seed))
+    # Each responses file is packed and cached on its own, so a mix of files reuses every file's cache.
+    dataset = concatenate_datasets([
+        with_hidden_states(build_training_dataset(path, data_args.max_length, seed=training_args.seed))
+        for path in data_args.responses.split(",")
+    ])
     eval_dataset = None
     if data_args.eval_responses:
         sources = data_args.eval_response_sources.split(",") if data_args.eval_response_sources else None
@@ -179,7 +185,7 @@ def main(argv: list[str]) -> None:
         for row in load_prompts(data_args.eval_sources, data_dir=data_args.data_dir)
         if row["prompt"] not in trained_prompts
     ][: data_args.eval_prompts]
-    callbacks = [TimeBudgetCallback(data_args.max_train_minutes)] if data_args.max_train_minutes else []
+    callbacks = [CpuClockCallback(data_args.max_cpu_minutes)]
     if held_back:
         callbacks.append(
             AcceptanceCallback(target.model, held_back, data_args.eval_max_new_tokens, every_n_steps=data_args.eval_every_n_steps)

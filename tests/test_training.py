@@ -1,5 +1,6 @@
 """TTT training with the Trainer: data, online/offline hidden states, acceptance callback, resume, CPU DDP."""
 
+import json
 import os
 import re
 import subprocess
@@ -170,14 +171,29 @@ def test_training_lowers_the_loss_and_logs_real_acceptance(chat_target, smollm2_
     assert {"accept/depth_1", "top1_agreement_position_3"} <= set().union(*trainer.state.log_history)
 
 
-def test_a_time_budget_stops_training_with_a_save(chat_target, smollm2_tokenizer, responses, tmp_path):
-    from angelspec_hf.training import TimeBudgetCallback
+def test_a_cpu_budget_stops_training_with_a_save_and_counts_across_resumption(
+    chat_target, smollm2_tokenizer, responses, tmp_path
+):
+    from angelspec_hf.training import CpuClockCallback
 
     dataset = build_training_dataset(responses, max_length=128)
     trainer = make_trainer(chat_target, smollm2_tokenizer, dataset, tmp_path, save_strategy="steps", save_steps=100)
-    trainer.add_callback(TimeBudgetCallback(minutes=0.0))
+    trainer.add_callback(CpuClockCallback(max_cpu_minutes=0.0))
     trainer.train()
     assert trainer.state.global_step == 1 and os.path.isdir(tmp_path / "checkpoint-1")
+    first = [entry["cpu_hours"] for entry in trainer.state.log_history if "cpu_hours" in entry]
+    assert first and first[-1] > 0
+
+    # Resumed with a budget left, the clock goes on from what the checkpoint logged, and stops at the budget.
+    with open(tmp_path / "checkpoint-1" / "trainer_state.json") as handle:
+        saved = [entry["cpu_hours"] for entry in json.load(handle)["log_history"] if "cpu_hours" in entry]
+    budget = 60 * saved[-1] + 1e-3
+    resumed = make_trainer(chat_target, smollm2_tokenizer, dataset, tmp_path, save_strategy="steps", save_steps=100)
+    resumed.add_callback(CpuClockCallback(max_cpu_minutes=budget))
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+    hours = [entry["cpu_hours"] for entry in resumed.state.log_history if "cpu_hours" in entry]
+    assert hours == sorted(hours) and hours[0] == saved[-1] and 60 * hours[-1] >= budget - 1e-4
+    assert resumed.state.global_step < resumed.state.max_steps
 
 
 def test_resume_from_checkpoint_continues_the_same_run(chat_target, smollm2_tokenizer, responses, tmp_path):
@@ -273,5 +289,27 @@ def test_every_recipe_ladder_rung_is_a_valid_training_command():
         config = os.path.join(REPO, "examples", "configs", f"smollm2_{kind}_ladder.yaml")
         for name, overrides in rungs.items():
             drafter_args, data_args, training_args = parse_arguments(["--config", config, *overrides, "--output_dir", "x"])
-            assert drafter_args.drafter_type == kind and data_args.max_train_minutes == 20, name
+            assert drafter_args.drafter_type == kind and data_args.max_cpu_minutes == 20, name
             assert training_args.eval_strategy == "steps" and data_args.eval_responses, name
+
+
+def test_training_curve_reads_the_newest_state_and_plots(tmp_path):
+    from angelspec_hf.cli import main as cli_main
+    from angelspec_hf.training.curves import training_curve
+
+    def write_state(folder, history):
+        os.makedirs(folder, exist_ok=True)
+        with open(folder / "trainer_state.json", "w") as handle:
+            json.dump({"global_step": history[-1]["step"], "log_history": history}, handle)
+
+    older = [{"loss": 2.0, "step": 10, "cpu_hours": 0.1, "num_input_tokens_seen": 1000}, {"eval_tau": 1.2, "step": 10}]
+    newer = older + [{"loss": 1.5, "step": 20, "cpu_hours": 0.2, "num_input_tokens_seen": 2000}, {"eval_tau": 1.4, "step": 20}]
+    write_state(tmp_path / "run", older)  # the output folder of a first part; its checkpoint is further on
+    write_state(tmp_path / "run" / "checkpoint-20", newer)
+    points = training_curve(str(tmp_path / "run"))
+    assert [(p.step, p.cpu_hours, p.tokens, p.tau) for p in points] == [(10, 0.1, 1000, 1.2), (20, 0.2, 2000, 1.4)]
+
+    cli_main(["curve", str(tmp_path / "run"), "--labels", "mtp", "--output", str(tmp_path / "curve.png")])
+    assert os.path.getsize(tmp_path / "curve.png") > 0
+    with pytest.raises(SystemExit):
+        cli_main(["curve", str(tmp_path / "missing")])

@@ -62,19 +62,35 @@ class AcceptanceCallback(TrainerCallback):
         return metrics
 
 
-class TimeBudgetCallback(TrainerCallback):
-    """Stop training (with a final evaluation and save) once `minutes` of wall time have passed in this process:
-    recipes compared at one fixed compute budget rather than one step count."""
+class CpuClockCallback(TrainerCallback):
+    """Training compute as CPU time: every thread of the training process, summed over the resumed parts of a run.
 
-    def __init__(self, minutes: float):
-        self.seconds = 60.0 * minutes
-        self.start: float | None = None
+    Each log entry gets `cpu_hours`, the x-axis of a training curve (one core for one hour is one CPU-hour); with
+    `max_cpu_minutes`, training stops (with a final evaluation and save) once the run has used that much. CPU time,
+    not wall time, so a run sharing the cores gets the same compute; the clock starts in `train()`, so preparing
+    data and hidden-state caches does not count, and a resumed run starts from the `cpu_hours` its checkpoint logged.
+    """
+
+    def __init__(self, max_cpu_minutes: float | None = None):
+        self.max_cpu_minutes = max_cpu_minutes
+        self.start = 0.0
+        self.hours_before: float | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.start = time.perf_counter()
+        self.start, self.hours_before = time.process_time(), None
+
+    def hours(self, state) -> float:
+        if self.hours_before is None:  # read once the resumed state is loaded (after `on_train_begin`)
+            logged = [entry["cpu_hours"] for entry in state.log_history if "cpu_hours" in entry]
+            self.hours_before = logged[-1] if logged else 0.0
+        return self.hours_before + (time.process_time() - self.start) / 3600
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        state.log_history[-1]["cpu_hours"] = round(self.hours(state), 6)  # the entry `Trainer.log` just appended
 
     def on_step_end(self, args, state, control, **kwargs):
-        if time.perf_counter() - self.start >= self.seconds:
+        if self.max_cpu_minutes is not None and 60 * self.hours(state) >= self.max_cpu_minutes:
             control.should_training_stop = True
+            control.should_log = True
             control.should_evaluate = args.eval_strategy != "no"
             control.should_save = args.save_strategy != "no"
