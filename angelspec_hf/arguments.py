@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 
 
 def _int(text: str) -> int:
@@ -47,25 +46,25 @@ def temperature(text: str) -> float:
     return value
 
 
-SCHEDULE = re.compile(r"dcut|heuristic|fixed-[1-9][0-9]*")
-
-
 def schedule_list(text: str) -> str:
-    """Comma-separated verify-depth schedules: `dcut`, `heuristic` or `fixed-K` (K >= 1)."""
-    schedules = [schedule.strip() for schedule in text.split(",") if schedule.strip()]
-    wrong = [schedule for schedule in schedules if not SCHEDULE.fullmatch(schedule)]
-    if wrong or not schedules:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: schedules are dcut, heuristic or fixed-K with K >= 1, comma-separated (e.g. dcut,fixed-3)"
-        )
-    return ",".join(schedules)
+    """Comma-separated verify policies (`policies.parse_label`): `dcut`, `heuristic`, `constant-K` (K >= 1)."""
+    labels = [label.strip() for label in text.split(",") if label.strip()]
+    if not labels:
+        raise argparse.ArgumentTypeError(f"{text!r}: name at least one policy, e.g. dcut,constant-3")
+    for label in labels:
+        policy(label)
+    return ",".join(labels)
 
 
 def policy(text: str) -> str:
-    """A batched-engine verify policy: `dcut`, `heuristic` or `fixed-K` (K >= 1)."""
-    if not SCHEDULE.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"must be dcut, heuristic or fixed-K with K >= 1 (e.g. fixed-3), got {text!r}")
-    return text
+    """A verify policy label (`policies.parse_label`): `dcut`, `heuristic`, `constant` or `constant-K` (K >= 1)."""
+    from .generation.policies import parse_label
+
+    try:
+        parse_label(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text.strip()
 
 
 def drafter_spec(text: str) -> str:

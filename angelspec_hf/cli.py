@@ -19,7 +19,7 @@ class UsageError(ValueError):
 
 def _regenerate(args: argparse.Namespace) -> None:
     from .generation.dcut import load_cost_model
-    from .generation.engine import profiled_rows
+    from .generation.policies import profiled_rows
     from .targets import load_target
     from .training.regenerate import regenerate_responses
 
@@ -247,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--data-dir", default=None)
     batch.add_argument("--limit", type=positive_int, default=None)
     batch.add_argument("--concurrency", type=positive_int, default=16, help="most requests decoded together")
-    batch.add_argument("--policy", type=policy, default="dcut", help="dcut, heuristic or fixed-K")
+    batch.add_argument("--policy", type=policy, default="dcut", help="verify policy: dcut, heuristic or constant-K")
     batch.add_argument("--max-new-tokens", type=positive_int, default=128)
     batch.add_argument(
         "--temperature", type=temperature, default=0.0,

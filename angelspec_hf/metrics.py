@@ -18,13 +18,22 @@ import evaluate
 
 @dataclass
 class SpeculationStats:
-    """Per-round record of drafted and accepted token counts, and drafting time (in total, and per phase where a
-    drafter reports phases, e.g. DFly's backbone and AR head); add two stats to pool them."""
+    """Per-round record of drafted and accepted token counts, and drafting time, in total and by phase: the first
+    draft token (the drafter reading the verified tokens, plus its first step: MTP's depth 1, DFly's block
+    backbone and first head call) and the further sequential steps (MTP depths, DFly's AR head). Add two stats to
+    pool them."""
 
     drafted: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
     draft_seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)
+
+    def add_drafting_time(self, drafting) -> None:
+        """Add a finished drafting round's time (a `DraftRound`), split into the first token and the further ones."""
+        first = min(drafting.first_step_seconds(), drafting.seconds)
+        self.draft_seconds += drafting.seconds
+        for name, seconds in (("draft_first_token", first), ("draft_further_tokens", drafting.seconds - first)):
+            self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + seconds
 
     def record_round(self, drafted: int, accepted: int) -> None:
         self.drafted.append(drafted)

@@ -97,7 +97,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--output", required=True, help="folder of the rungs' runs and the table")
     parser.add_argument("--rungs", default=None, help="comma-separated rung names (default: all of the drafter type)")
     parser.add_argument("--parallel", type=int, default=2, help="rungs at a time, one thread each")
-    parser.add_argument("--minutes", type=float, default=None, help="CPU minutes per rung (default: the config's max_cpu_minutes)")
+    parser.add_argument(
+        "--minutes", type=float, default=None, help="CPU minutes per rung (default: the config's max_cpu_minutes)"
+    )
     parser.add_argument("--prepare", action="store_true", help="only compute the hidden-state caches the rungs read")
     args = parser.parse_args(argv)
     with open(args.config) as handle:

@@ -31,16 +31,16 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
     output = tmp_path / "results.json"
     cli_main([
         "bench", "--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"),
-        "--drafter", f"{tmp_path / 'dflash'}@fixed-2,dcut,heuristic", "--drafter", str(tmp_path / "foreign"),
+        "--drafter", f"{tmp_path / 'dflash'}@constant-2,dcut,heuristic", "--drafter", str(tmp_path / "foreign"),
         "--prompts", str(prompts), "--prompt-lookup", "3", "--early-exit-assistant", "1",
-        "--max-new-tokens", "12", "--full-vocab-variant", "--schedules", "dcut,fixed-2,heuristic", "--markdown",
+        "--max-new-tokens", "12", "--full-vocab-variant", "--schedules", "dcut,constant-2,heuristic", "--markdown",
         "--output", str(output),
     ])
     results = json.loads(output.read_text())
     by_name = {method["name"]: method for method in results["methods"]}
     assert list(by_name) == [
-        "ar", "prompt-lookup[3]", "assisted-heuristic:early-exit-1of2", "mtp:drafter[dcut]", "mtp:drafter[fixed-2]", "mtp:drafter[heuristic]",
-        "mtp:drafter+full-vocab-head[dcut]", "dflash:dflash[fixed-2]", "dflash:dflash[dcut]", "dflash:dflash[heuristic]",
+        "ar", "prompt-lookup[3]", "assisted-heuristic:early-exit-1of2", "mtp:drafter[dcut]", "mtp:drafter[constant-2]", "mtp:drafter[heuristic]",
+        "mtp:drafter+full-vocab-head[dcut]", "dflash:dflash[constant-2]", "dflash:dflash[dcut]", "dflash:dflash[heuristic]",
         "transformers-dflash:dflash", "foreign",
     ]
     foreign = by_name.pop("foreign")
@@ -55,21 +55,21 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
     for speculative in results["methods"][1:]:
         assert speculative["identical_fraction"] == 1.0 and speculative["divergences"] == 0
         assert speculative["tau"] >= 1.0 and speculative["target_forwards"] > 0
-    for name in ("mtp:drafter[fixed-2]", "dflash:dflash[fixed-2]"):  # every round verifies exactly two drafts
+    for name in ("mtp:drafter[constant-2]", "dflash:dflash[constant-2]"):  # every round verifies exactly two drafts
         assert len(by_name[name]["acceptance_by_depth"]) == 2 and 0.0 < by_name[name]["draft_fraction"] < 1.0
     for name in ("mtp:drafter[dcut]", "mtp:drafter[heuristic]", "dflash:dflash[dcut]", "dflash:dflash[heuristic]"):
         assert len(by_name[name]["acceptance_by_depth"]) <= 3
-    dflash_split = by_name["dflash:dflash[fixed-2]"]["time_split"]
-    assert set(dflash_split) == {"draft_backbone", "draft_head", "target_forward", "other"}
+    dflash_split = by_name["dflash:dflash[constant-2]"]["time_split"]
+    assert set(dflash_split) == {"draft_first_token", "draft_further_tokens", "target_forward", "other"}
     assert 0.0 < dflash_split["target_forward"] < 1.0 and abs(sum(dflash_split.values()) - 1.0) < 1e-6
     assert results["machine"]["torch"] == torch.__version__
     assert len(results["verify_cost"]["seconds"][0]) == len(results["verify_cost"]["tokens"])
     calibration = by_name["mtp:drafter[dcut]"]["calibration"]
-    assert len(calibration) == 10 and "calibration" not in by_name["mtp:drafter[fixed-2]"]
+    assert len(calibration) == 10 and "calibration" not in by_name["mtp:drafter[constant-2]"]
     printed = capsys.readouterr().out
     assert "mtp:drafter[dcut]" in printed and "| transformers-dflash:dflash |" in printed
     assert "foreign" in printed and "FAILED" in printed
-    row = next(line for line in printed.splitlines() if line.startswith("| dflash:dflash[fixed-2] |"))
+    row = next(line for line in printed.splitlines() if line.startswith("| dflash:dflash[constant-2] |"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert len(cells) == len(METHOD_COLUMNS)
     draft, target_share, other = (float(share) for share in cells[METHOD_COLUMNS.index("time: draft / target / other")].rstrip(" %").split(" / "))
@@ -111,15 +111,15 @@ def test_engine_bench_reports_every_policy_at_every_concurrency(smollm2_tokenize
     prompts.write_text("".join(json.dumps({"prompt": f"Count to {n}."}) + "\n" for n in range(6)))
     output = tmp_path / "engine.json"
     cli_main([
-        "bench", "--target", str(tmp_path / "target"), "--drafter", f"{tmp_path / 'mtp'}@fixed-1,fixed-3,dcut",
-        "--drafter", f"{tmp_path / 'dfly'}@fixed-4,dcut", "--prompts", str(prompts), "--max-new-tokens", "6",
+        "bench", "--target", str(tmp_path / "target"), "--drafter", f"{tmp_path / 'mtp'}@constant-1,constant-3,dcut",
+        "--drafter", f"{tmp_path / 'dfly'}@constant-4,dcut", "--prompts", str(prompts), "--max-new-tokens", "6",
         "--concurrency", "1,4", "--min-requests", "5", "--repeats", "2", "--output", str(output),
     ])
     report = json.loads(output.read_text())
     assert [level["concurrency"] for level in report["concurrency"]] == [1, 4]
     for level in report["concurrency"]:
         names = [run["name"] for run in level["runs"]]
-        assert names == ["batched-ar", "mtp[fixed-1]", "mtp[fixed-3]", "mtp[dcut]", "dfly[fixed-4]", "dfly[dcut]"]
+        assert names == ["batched-ar", "mtp[constant-1]", "mtp[constant-3]", "mtp[dcut]", "dfly[constant-4]", "dfly[dcut]"]
         assert level["requests"] == 5
         for run in level["runs"]:
             for key in ("tokens_per_s", "speedup", "tau", "peak_kv_cache_mib", "peak_rss_mib"):
@@ -129,7 +129,7 @@ def test_engine_bench_reports_every_policy_at_every_concurrency(smollm2_tokenize
             repeats = run["repeat_tokens_per_s"]  # the runs took turns; the median of both repeats counts
             assert len(repeats) == 2 and run["tokens_per_s"] == pytest.approx(sum(repeats) / 2)
         assert level["runs"][0]["speedup"] == 1.0
-    assert set(report["summary"]) == {"mtp", "dfly"} and "4" in report["summary"]["mtp"]["dcut_vs_best_fixed"]
+    assert set(report["summary"]) == {"mtp", "dfly"} and "4" in report["summary"]["mtp"]["dcut_vs_best_constant"]
     assert report["verify_cost"]["rows"] == [1, 2, 4]
     assert "| 4 | mtp[dcut] |" in capsys.readouterr().out
 
@@ -156,7 +156,7 @@ def test_batch_command_serves_a_prompt_file(smollm2_tokenizer, tmp_path, capsys)
     output = tmp_path / "out.jsonl"
     cli_main([
         "batch", "--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "mtp"), "--prompts", str(prompts),
-        "--concurrency", "2", "--policy", "fixed-2", "--max-new-tokens", "7", "--output", str(output),
+        "--concurrency", "2", "--policy", "constant-2", "--max-new-tokens", "7", "--output", str(output),
     ])
     records = [json.loads(line) for line in output.read_text().splitlines()]
     assert [r["prompt"] for r in records] == [f"Tell me about {n}." for n in range(5)]

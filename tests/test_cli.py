@@ -141,8 +141,9 @@ def test_bench_limits_must_be_positive(capsys, prompts):
 
 
 def test_bench_schedules_are_checked(capsys, drafter):
-    assert "argument --schedules" in usage_error(capsys, "bench", "--schedules", "dcut,constant")
-    assert "argument --drafter" in usage_error(capsys, "bench", "--drafter", f"{drafter}@fixed-0")
+    assert "argument --schedules" in usage_error(capsys, "bench", "--schedules", "dcut,fixed-2")
+    assert "argument --schedules" in usage_error(capsys, "bench", "--schedules", "constant-x")
+    assert "argument --drafter" in usage_error(capsys, "bench", "--drafter", f"{drafter}@constant-0")
 
 
 def test_profile_rows_and_repeats_must_be_positive(capsys):
@@ -189,11 +190,11 @@ def test_right_arguments_get_through_to_the_model_load(tmp_path, prompts, drafte
     """Nothing is written while checking: the output folder does not exist until the run writes it."""
     output = tmp_path / "results" / "out.json"
     command_lines = [
-        ["bench", "--drafter", drafter, "--drafter", f"{drafter}@fixed-2,dcut,heuristic", "--prompts", prompts,
-         "--schedules", "dcut,fixed-2,heuristic", "--prompt-lookup", "3", "--output", output],
-        ["bench", "--drafter", f"{drafter}@fixed-1,dcut", "--prompts", prompts, "--concurrency", "1, 4",
+        ["bench", "--drafter", drafter, "--drafter", f"{drafter}@constant-2,dcut,heuristic", "--prompts", prompts,
+         "--schedules", "dcut,constant-2,heuristic", "--prompt-lookup", "3", "--output", output],
+        ["bench", "--drafter", f"{drafter}@constant-1,dcut", "--prompts", prompts, "--concurrency", "1, 4",
          "--min-requests", "5", "--repeats", "2", "--output", output],
-        ["batch", "--drafter", drafter, "--prompts", f"{prompts}+{prompts}", "--policy", "fixed-2",
+        ["batch", "--drafter", drafter, "--prompts", f"{prompts}+{prompts}", "--policy", "constant-2",
          "--temperature", "0", "--output", output],
         ["profile", "--rows", "4,1", "--repeats", "1", "--output", output],
         ["estimate", "--drafter", drafter, "--sources", "mt_bench", "--output", output],

@@ -9,7 +9,7 @@ import torch
 from conftest import make_target
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
-from angelspec_hf.generation import candidate_generator, dcut
+from angelspec_hf.generation import dcut, policies
 from angelspec_hf.generation.dcut import ConfidenceCalibrator, VerifyCostModel, dcut_depths, prefix_confidence
 
 
@@ -99,7 +99,7 @@ def test_sequential_drafting_stops_when_no_further_token_can_pay_for_its_verific
     """Each verified draft doubles a forward's cost here, so D-cut ends MTP's depths and DFly's AR head after the
     first token of every round; the output is still plain greedy decoding."""
     steep = VerifyCostModel(rows=[1], tokens=[1, 2], seconds=[[1.0, 2.0]], context=0)
-    monkeypatch.setattr(candidate_generator, "load_cost_model", lambda target: steep)
+    monkeypatch.setattr(policies, "load_cost_model", lambda target, rows=(1,): steep)
     target = make_target("llama", seed=12)
     if kind == "mtp":
         drafter = AngelSpecMTPDrafter.from_target(target, num_depths=4)

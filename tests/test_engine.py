@@ -2,46 +2,22 @@
 
 import os
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import ARCHITECTURES, make_target
+from oracles import BatchOracleDFly, BatchOracleMTP
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
-from angelspec_hf.cache_utils import RaggedCache
 from angelspec_hf.generation.dcut import VerifyCostModel
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
 
 
-class BatchOracle:
-    """Mixin: run the real batched drafting, then make a random number of each row's drafts correct (from the
-    row's solo reference), so rows accept different numbers of tokens every round."""
-
-    references: dict
-    engine: SpeculativeEngine
-    rng: random.Random
-
-    def propose(self, state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting=None, new_lengths=None):
-        draft_ids, draft_logits = super().propose(state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting, new_lengths)
-        for r, row in enumerate(self.engine.rows):
-            done = len(row.output.output_ids)
-            correct = self.references[row.request.request_id][done : done + self.rng.randint(0, draft_ids.shape[1])]
-            draft_ids[r, : len(correct)] = torch.tensor(correct, dtype=draft_ids.dtype)
-        return draft_ids, draft_logits
-
-
-class OracleMTP(BatchOracle, AngelSpecMTPDrafter):
-    pass
-
-
-class OracleDFly(BatchOracle, DFlyDrafter):
-    pass
-
-
 def make_drafter(kind, target, oracle=True):
     if kind == "mtp":
-        return (OracleMTP if oracle else AngelSpecMTPDrafter).from_target(target, num_depths=3, draft_vocab_size=48)
-    return (OracleDFly if oracle else DFlyDrafter).from_target(
+        return (BatchOracleMTP if oracle else AngelSpecMTPDrafter).from_target(target, num_depths=3, draft_vocab_size=48)
+    return (BatchOracleDFly if oracle else DFlyDrafter).from_target(
         target, block_size=6, num_draft_layers=2, mask_token_id=5, num_target_layers_tapped=2, draft_vocab_size=48
     )
 
@@ -73,7 +49,7 @@ def flat_cost_model():
     return VerifyCostModel(rows=[1, 64], tokens=[1, 32], seconds=[[100.0, 100.1], [100.0, 100.1]], context=128)
 
 
-@pytest.mark.parametrize("policy", ["fixed-3", "dcut"])
+@pytest.mark.parametrize("policy", ["constant-3", "dcut"])
 @pytest.mark.parametrize("kind", ["mtp", "dfly"])
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
 def test_each_request_matches_its_solo_generate(model_type, kind, policy):
@@ -124,7 +100,7 @@ def test_dcut_skips_drafting_when_verification_cannot_pay(kind):
     """A cost model where a second verified token doubles the cost: after the first round D-cut stops drafting
     (re-probing now and then), verifies no draft, and decodes as AR — while requests leave and join rows whose
     drafter has not run yet."""
-    from angelspec_hf.generation.engine import REPROBE_ROUNDS
+    from angelspec_hf.generation.policies import REPROBE_ROUNDS
 
     target = make_target("llama", num_hidden_layers=2)
     requests = mixed_requests(target.config.vocab_size, count=9, seed=2)
@@ -146,37 +122,37 @@ def test_dcut_skips_drafting_when_verification_cannot_pay(kind):
 def test_dcut_estimate_keeps_positions_the_early_exit_did_not_reach():
     """A round that drafted one position must not read as zero confidence at the depths it did not draft (else
     D-cut talks itself out of drafting); estimates never grow with depth."""
-    target = make_target("llama", num_hidden_layers=2)
-    engine = SpeculativeEngine(target, make_drafter("mtp", target, oracle=False), cost_model=flat_cost_model())
-    engine.round_first_draft_seconds, engine.round_reads_backlog = 0.01, False
-    engine._record_drafting(torch.tensor([[0.6, 0.3, 0.2], [0.4, 0.1, 0.0]], dtype=torch.float64))
-    assert torch.allclose(engine.depth_confidence, torch.tensor([0.5, 0.2, 0.1], dtype=torch.float64))
-    engine._record_drafting(torch.tensor([[0.0]], dtype=torch.float64))  # early exit after depth 1
-    assert torch.allclose(engine.depth_confidence, torch.tensor([0.4, 0.2, 0.1], dtype=torch.float64))
-    engine._record_drafting(torch.tensor([[0.0]], dtype=torch.float64))
-    engine._record_drafting(torch.tensor([[0.0]], dtype=torch.float64))
-    assert engine.depth_confidence.tolist() == sorted(engine.depth_confidence.tolist(), reverse=True)
-    assert engine.depth_confidence[2] > 0
-    fresh = SpeculativeEngine(target, make_drafter("mtp", target, oracle=False), cost_model=flat_cost_model())
-    fresh.round_first_draft_seconds, fresh.round_reads_backlog = 0.01, True
-    fresh._record_drafting(torch.tensor([[0.7]], dtype=torch.float64))  # first round: deeper positions start there
+    from angelspec_hf.generation.policies import DCut
+
+    usual, backlog = (SimpleNamespace(reads_backlog=flag, first_step_seconds=lambda: 0.01) for flag in (False, True))
+    policy = DCut(3, cost_model=flat_cost_model())
+    policy._record_drafting(torch.tensor([[0.6, 0.3, 0.2], [0.4, 0.1, 0.0]], dtype=torch.float64), usual)
+    assert torch.allclose(policy.depth_confidence, torch.tensor([0.5, 0.2, 0.1], dtype=torch.float64))
+    policy._record_drafting(torch.tensor([[0.0]], dtype=torch.float64), usual)  # early exit after depth 1
+    assert torch.allclose(policy.depth_confidence, torch.tensor([0.4, 0.2, 0.1], dtype=torch.float64))
+    policy._record_drafting(torch.tensor([[0.0]], dtype=torch.float64), usual)
+    policy._record_drafting(torch.tensor([[0.0]], dtype=torch.float64), usual)
+    assert policy.depth_confidence.tolist() == sorted(policy.depth_confidence.tolist(), reverse=True)
+    assert policy.depth_confidence[2] > 0
+    fresh = DCut(3, cost_model=flat_cost_model())
+    fresh._record_drafting(torch.tensor([[0.7]], dtype=torch.float64), backlog)  # first round: deeper positions start there
     assert fresh.depth_confidence.tolist() == pytest.approx([0.7, 0.7, 0.7])
-    assert fresh.first_draft_seconds is None and engine.first_draft_seconds == pytest.approx(0.01)
+    assert fresh.first_draft_seconds is None and policy.first_draft_seconds == pytest.approx(0.01)
 
 
 def test_dcut_probes_less_often_while_drafting_keeps_not_paying():
-    from angelspec_hf.generation.engine import MAX_REPROBE_ROUNDS, REPROBE_ROUNDS
+    from angelspec_hf.generation.policies import MAX_REPROBE_ROUNDS, REPROBE_ROUNDS, DCut
 
-    target = make_target("llama", num_hidden_layers=2)
-    engine = SpeculativeEngine(target, make_drafter("mtp", target, oracle=False), cost_model=flat_cost_model())
-    engine.depth_confidence = torch.zeros(3, dtype=torch.float64)
-    steep = [1.0, 2.0, 3.0, 4.0]
-    probes = [call for call in range(1, 400) if engine._drafting_expected_to_pay(1, steep)]
+    policy = DCut(3, cost_model=flat_cost_model())
+    policy.depth_confidence = torch.zeros(3, dtype=torch.float64)
+    policy.widths = [1.0, 2.0, 3.0, 4.0]  # steep: drafting cannot pay
+    probes = [call for call in range(1, 400) if policy._drafting_expected_to_pay(1)]
     gaps = [later - earlier - 1 for earlier, later in zip([0] + probes, probes)]
     assert gaps[:4] == [REPROBE_ROUNDS, 2 * REPROBE_ROUNDS, 4 * REPROBE_ROUNDS, 8 * REPROBE_ROUNDS]
     assert max(gaps) == MAX_REPROBE_ROUNDS
-    engine.depth_confidence = torch.ones(3, dtype=torch.float64)  # drafting pays again: back to frequent probes
-    assert engine._drafting_expected_to_pay(1, [1.0, 1.1, 1.2, 1.3]) and engine.reprobe_interval == REPROBE_ROUNDS
+    policy.depth_confidence = torch.ones(3, dtype=torch.float64)  # drafting pays again: back to frequent probes
+    policy.widths = [1.0, 1.1, 1.2, 1.3]
+    assert policy._drafting_expected_to_pay(1) and policy.reprobe_interval == REPROBE_ROUNDS
 
 
 @pytest.mark.parametrize("kind", ["mtp", "dfly"])
@@ -197,12 +173,12 @@ def test_rounds_without_drafting_leave_the_drafter_a_backlog_it_reads_at_once(ki
             calls["proposals"] += 1
             return original_propose(*args, **kwargs)
 
-        def pay(rows, widths):
+        def pay(rows):
             calls["rounds"] += 1
             return skip_pattern(calls["rounds"])
 
         monkeypatch.setattr(drafter, "propose", counting_propose)
-        monkeypatch.setattr(engine, "_drafting_expected_to_pay", pay)
+        monkeypatch.setattr(engine.policy, "_drafting_expected_to_pay", pay)
         seen = {}
         original_draft = engine._draft
 
@@ -239,7 +215,7 @@ def test_sampling_preserves_the_target_distribution():
     drafter = AngelSpecMTPDrafter.from_target(target, num_depths=2)
     prompt, temperature = [3, 9, 4], 0.9
     requests = [Request(prompt, max_new_tokens=3, eos_token_id=[], do_sample=True, temperature=temperature, seed=s) for s in range(1500)]
-    engine = SpeculativeEngine(target, drafter, policy="fixed-2", max_batch_size=64)
+    engine = SpeculativeEngine(target, drafter, policy="constant-2", max_batch_size=64)
     outputs = engine.generate(requests)
     first = (target(torch.tensor([prompt])).logits[0, -1] / temperature).softmax(-1)
     following = torch.stack([
@@ -275,47 +251,6 @@ def test_requests_beyond_the_memory_budget_are_queued_not_crashed():
     outputs = engine.generate(requests)
     assert [o.output_ids for o in outputs] == [references[r.request_id] for r in requests]
     assert engine.stats.peak_rows <= 2
-
-
-def test_ragged_cache_compaction_keeps_every_rows_tokens_in_order():
-    cache = RaggedCache(2)
-    layer_keys = torch.arange(2 * 8, dtype=torch.float64).view(2, 1, 8, 1)
-    cache.cache.update(layer_keys, layer_keys.clone(), 0)
-    cache.append(torch.tensor([[1, 0, 1, 0, 0, 0, 0, 1], [1, 1, 0, 0, 0, 0, 0, 0]], dtype=torch.bool))
-    cache.compact()
-    assert cache.width == 3
-    assert cache.valid.tolist() == [[True, True, True], [False, True, True]]
-    assert cache.cache.layers[0].keys[0, 0, :, 0].tolist() == [0, 2, 7]
-    assert cache.cache.layers[0].keys[1, 0, 1:, 0].tolist() == [8, 9]
-
-
-def test_ragged_cache_does_not_copy_for_holes_it_cannot_free():
-    """Left padding of a short row next to a long one is not waste compaction can remove: no copy."""
-    cache = RaggedCache(2)
-    keys = torch.zeros(2, 1, 8, 1)
-    cache.cache.update(keys, keys.clone(), 0)
-    cache.append(torch.tensor([[1] * 8, [0] * 7 + [1]], dtype=torch.bool))
-    before = cache.cache.layers[0].keys
-    cache.compact()
-    assert cache.cache.layers[0].keys is before and cache.width == 8
-
-
-def test_ragged_cache_rows_joining_and_leaving_a_cache_compacted_to_no_columns():
-    """Rows that never wrote a token (their drafter has not run yet) left alone in the cache: compaction leaves zero
-    columns, and rows joining or leaving afterwards must still change the tensors' batch, or the next write cannot
-    fit (the full suite's engine run crashed so)."""
-    cache = RaggedCache(2)
-    keys = torch.zeros(2, 1, 4, 1)
-    cache.cache.update(keys, keys.clone(), 0)
-    cache.append(torch.zeros(2, 4, dtype=torch.bool))
-    cache.compact()
-    assert cache.width == 0 and cache.cache.layers[0].keys.shape == (2, 1, 0, 1)
-    cache.append_rows(RaggedCache(3))
-    assert cache.batch_size == 5 and cache.cache.layers[0].keys.shape == (5, 1, 0, 1)
-    cache.select_rows(torch.tensor([0, 2, 4]))  # and rows leaving it must shrink it
-    assert cache.batch_size == 3 and cache.cache.layers[0].keys.shape == (3, 1, 0, 1)
-    cache.cache.update(torch.ones(3, 1, 2, 1), torch.ones(3, 1, 2, 1), 0)  # the next forward writes every row
-    assert cache.cache.layers[0].keys.shape == (3, 1, 2, 1)
 
 
 @pytest.mark.parametrize("kind", ["mtp", "dfly"])
@@ -355,5 +290,5 @@ def test_engine_with_a_corrupt_cost_profile_reprofiles_over_its_batch_sizes_with
     dcut._LOADED.clear()
     with pytest.warns(UserWarning, match="unreadable"):
         engine = SpeculativeEngine(target, make_drafter("mtp", target, oracle=False), max_batch_size=6)
-    assert engine.verify_seconds.rows == [1, 2, 4, 6]
+    assert engine.policy.cost_model.rows == [1, 2, 4, 6]
     assert dcut.VerifyCostModel.load(path).rows == [1, 2, 4, 6]

@@ -6,6 +6,7 @@ import pytest
 import torch
 import transformers
 from conftest import ARCHITECTURES, make_target
+from oracles import OracleMTPDrafter
 from scipy.stats import chisquare
 from transformers import TextIteratorStreamer
 from transformers.generation.candidate_generator import AssistedCandidateGenerator, PromptLookupCandidateGenerator
@@ -13,39 +14,8 @@ from transformers.generation.utils import GenerationMixin
 
 import angelspec_hf
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
-from angelspec_hf.generation import candidate_generator
+from angelspec_hf.generation import policies
 from angelspec_hf.generation.dcut import VerifyCostModel
-
-
-class OracleMTPDrafter(AngelSpecMTPDrafter):
-    """Runs the real drafting (and its cache bookkeeping), then makes a random number of the drafts correct, so
-    rounds end with full, partial and no acceptance. Verifies every draft unless a test picks another schedule;
-    `random_confidence` also gives each draft a random probability, so D-cut cuts drafts at varied depths."""
-
-    reference: torch.Tensor
-    rng: random.Random
-    last_state = None
-    random_confidence = False
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.generation_config.num_assistant_tokens_schedule = "constant"
-
-    def propose(self, state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting=None):
-        if self.random_confidence:  # the drafting round records a random draft probability for each chosen token
-            drafting, real_choose = choose.__self__, choose
-
-            def choose(logits):
-                token = real_choose(logits)
-                drafting.probabilities[-1] = drafting.known_before[-1] = torch.tensor([self.rng.uniform(0.3, 1.0)])
-                return token
-
-        draft_ids, draft_logits = super().propose(state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting)
-        self.last_state = state
-        length = state.num_committed + 1
-        correct = self.reference[0, length : length + self.rng.randint(0, draft_ids.shape[1])]
-        draft_ids[0, : correct.numel()] = correct
-        return draft_ids, draft_logits
 
 
 def random_prompt(length, vocab_size, seed):
@@ -75,7 +45,7 @@ def test_adaptive_schedules_are_lossless_and_vary_the_verified_depth(model_type,
     """D-cut (against a cost model where each verified token costs a third of a forward) and the heuristic
     schedule verify varied depths; the output stays plain greedy decoding."""
     linear_cost = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 2.0]], context=0)
-    monkeypatch.setattr(candidate_generator, "load_cost_model", lambda target: linear_cost)
+    monkeypatch.setattr(policies, "load_cost_model", lambda target, rows=(1,): linear_cost)
     target = make_target(model_type, seed=6)
     drafter = OracleMTPDrafter.from_target(target, num_depths=3, draft_vocab_size=48)
     drafter.generation_config.num_assistant_tokens_schedule = schedule
@@ -144,7 +114,7 @@ def test_sampling_preserves_the_target_distribution(kind, monkeypatch):
     """Joint law of the first three sampled tokens vs the exact target law (chi-square), with D-cut choosing the
     verified depth from the sampled drafts' confidences."""
     linear_cost = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 1.2]], context=0)
-    monkeypatch.setattr(candidate_generator, "load_cost_model", lambda target: linear_cost)
+    monkeypatch.setattr(policies, "load_cost_model", lambda target, rows=(1,): linear_cost)
     vocab = 5
     target = make_target("llama", vocab_size=vocab, seed=11, eos_token_id=None, pad_token_id=None)
     target.lm_head.weight.div_(4.0)  # moderately peaked: many cells have mass

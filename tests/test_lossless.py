@@ -7,10 +7,11 @@ import warnings
 import pytest
 import torch
 from conftest import make_target
+from oracles import FixedLawDFly, FixedLawMTP
 from scipy.stats import chisquare
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
-from angelspec_hf.generation import candidate_generator, dcut
+from angelspec_hf.generation import dcut, policies
 from angelspec_hf.generation.dcut import ConfidenceCalibrator, VerifyCostModel, dcut_depths
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
 
@@ -57,32 +58,6 @@ def random_drafter(kind, target, scale, seed, fixed_law=False):
     return drafter
 
 
-class FixedLawDrafting:
-    """Mixin: the drafter runs as usual (caches, depths, AR head) but drafts every token from one fixed law q over its
-    draft vocabulary, q(x) = 0.7 for one token and 0.1 for the others. Under `STEEP_PROFILE` a cut that read the
-    drafted token would verify the first draft only when it is the likely token (0.7 > 0.5), biasing the output;
-    D-cut's E[q] = Σ q² = 0.52 verifies it whatever was drawn."""
-
-    law = torch.tensor([0.7, 0.1, 0.1, 0.1])
-
-    def propose(self, state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting=None, **kwargs):
-        def fixed(logits):
-            return self.law.log().to(logits).expand_as(logits)
-
-        draft_ids, draft_logits = super().propose(
-            state, target_hidden, new_token_ids, num_tokens, lambda logits: choose(fixed(logits)), keep_drafting, **kwargs
-        )
-        return draft_ids, fixed(draft_logits).clone()
-
-
-class FixedLawMTP(FixedLawDrafting, AngelSpecMTPDrafter):
-    pass
-
-
-class FixedLawDFly(FixedLawDrafting, DFlyDrafter):
-    pass
-
-
 def exact_law(target, steps=3):
     """P(x1, ..., x_steps) of the target after PROMPT, as a flat tensor over VOCAB**steps cells."""
     law = torch.ones(1, dtype=torch.float64)
@@ -126,10 +101,8 @@ def sample_first_tokens(path, schedule, target, drafter, seed, profile, samples)
             cells.append(output[0, len(PROMPT) :].tolist())
             verified += sum(drafter.speculation_stats.drafted)
     else:
-        depth = int(drafter.generation_config.num_assistant_tokens)
-        policy = {"dcut": "dcut", "constant": f"fixed-{depth}", "heuristic": "heuristic"}[schedule]
         batch = int(path.split("-")[1])
-        engine = SpeculativeEngine(target, drafter, policy=policy, max_batch_size=batch, cost_model=profile)
+        engine = SpeculativeEngine(target, drafter, policy=schedule, max_batch_size=batch, cost_model=profile)
         requests = [
             Request(PROMPT, max_new_tokens=3, eos_token_id=[], do_sample=True, seed=seed * 10_000 + s) for s in range(samples)
         ]
@@ -141,7 +114,7 @@ def sample_first_tokens(path, schedule, target, drafter, seed, profile, samples)
 
 
 def check_sampled_law(kind, schedule, path, drafting, profile, case, monkeypatch):
-    monkeypatch.setattr(candidate_generator, "load_cost_model", lambda target: profile)
+    monkeypatch.setattr(policies, "load_cost_model", lambda target, rows=(1,): profile)
     frozen_calibration(monkeypatch)
     target = tiny_target(seed=11 + case % 3)
     scale = 5.0 if drafting == "adversarial" else {"mtp": 1.0, "dfly": 0.5}[kind]
@@ -209,7 +182,7 @@ def test_a_garbage_drafter_never_changes_or_stops_the_targets_output(kind, garba
             assert torch.equal(greedy, reference), schedule
             sampled = target.generate(prompt, max_new_tokens=12, do_sample=True, assistant_model=drafter)
             assert prompt.shape[1] < sampled.shape[1] <= reference.shape[1]  # it may sample EOS early
-        for policy in ["dcut", "fixed-3", "heuristic"]:
+        for policy in ["dcut", "constant-3", "heuristic"]:
             engine = SpeculativeEngine(target, drafter, policy=policy, max_batch_size=2, cost_model=REAL_PROFILE)
             outputs = engine.generate([
                 Request(prompt[0].tolist(), max_new_tokens=12, eos_token_id=[]),
@@ -281,7 +254,7 @@ def test_a_bad_request_is_rejected_at_submission_and_the_others_are_served(bad, 
 def test_a_request_failing_mid_run_finishes_with_its_error_while_the_others_are_served(monkeypatch):
     target = make_target("llama", seed=1)
     requests = [Request([3, 1, 4 + i], max_new_tokens=8, eos_token_id=[], do_sample=i == 1, seed=i, request_id=i) for i in range(3)]
-    engine = SpeculativeEngine(target, random_drafter("mtp", target, scale=1.0, seed=0), policy="fixed-2", max_batch_size=3)
+    engine = SpeculativeEngine(target, random_drafter("mtp", target, scale=1.0, seed=0), policy="constant-2", max_batch_size=3)
     original = engine._probabilities
     calls = {"count": 0}
 
@@ -305,7 +278,7 @@ def test_a_request_that_exactly_fills_the_context_is_served_as_plain_generate_se
     prompt = list(range(1, 21))
     reference = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, 20:].tolist()
     for drafter in (None, random_drafter("dfly", target, scale=1.0, seed=0)):
-        outputs = SpeculativeEngine(target, drafter, policy="fixed-3").generate([Request(prompt, max_new_tokens=12, eos_token_id=[])])
+        outputs = SpeculativeEngine(target, drafter, policy="constant-3").generate([Request(prompt, max_new_tokens=12, eos_token_id=[])])
         assert outputs[0].error is None and outputs[0].output_ids == reference
     with pytest.warns(UserWarning, match="context"):
         outputs = SpeculativeEngine(target, None).generate([Request(prompt, max_new_tokens=13)])

@@ -5,33 +5,15 @@ import random
 import pytest
 import torch
 from conftest import ARCHITECTURES, make_target
-from transformers import AutoModel, GenerationConfig
+from oracles import OracleDFlyDrafter
+from transformers import GenerationConfig
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
 
-from angelspec_hf import DFlyConfig, DFlyDrafter
+from angelspec_hf import DFlyDrafter
 from angelspec_hf.generation import AngelSpecCandidateGenerator
 from angelspec_hf.models.dfly.configuration_dfly import evenly_spaced_layers
 
 VARIANTS = {"dfly": {}, "dflash": {"per_layer_context_mix": False, "ar_head": False}}
-
-
-class OracleDFlyDrafter(DFlyDrafter):
-    """Real drafting and cache bookkeeping, then a random number of drafts made correct (full/partial/no acceptance).
-    Verifies the whole block every round (D-cut would rarely verify an untrained drafter's drafts)."""
-
-    reference: torch.Tensor
-    rng: random.Random
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.generation_config.num_assistant_tokens_schedule = "constant"
-
-    def propose(self, state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting=None):
-        draft_ids, draft_logits = super().propose(state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting)
-        length = state.num_committed + 1
-        correct = self.reference[0, length : length + self.rng.randint(0, draft_ids.shape[1])]
-        draft_ids[0, : correct.numel()] = correct
-        return draft_ids, draft_logits
 
 
 def make_dfly(target, cls=DFlyDrafter, **overrides):
@@ -119,23 +101,6 @@ def test_bad_configurations_get_clear_errors():
         make_dfly(make_target("llama", num_hidden_layers=4, max_position_embeddings=8), block_size=16)
     with pytest.raises(ValueError, match="needs a mask_token_id"):
         make_dfly(target, mask_token_id=None)
-
-
-def test_save_and_load_round_trip(tmp_path):
-    target = make_target("mistral", num_hidden_layers=4)
-    drafter = make_dfly(target, draft_vocab_size=40)
-    with torch.no_grad():
-        drafter.context.layer_mix_logits.normal_()
-        drafter.ar_head.down_proj.weight.normal_()
-    drafter.save_pretrained(tmp_path)
-    loaded = AutoModel.from_pretrained(tmp_path, dtype=torch.float64)
-    assert isinstance(loaded, DFlyDrafter) and isinstance(loaded.config, DFlyConfig)
-    assert loaded.config.target_layer_ids == drafter.config.target_layer_ids
-    for (name, ours), (_, theirs) in zip(drafter.state_dict().items(), loaded.state_dict().items()):
-        torch.testing.assert_close(ours, theirs, msg=name)
-    prompt = torch.tensor([[3, 1, 4, 1, 5]])
-    expected = target.generate(prompt, max_new_tokens=15, do_sample=False)
-    assert torch.equal(target.generate(prompt, max_new_tokens=15, do_sample=False, assistant_model=loaded), expected)
 
 
 def test_dflash_ablation_runs_through_transformers_builtin_dflash_path():

@@ -1,17 +1,12 @@
 """The MTP drafter as a transformers model: Auto classes, checkpoints, target binding, TTT = inference."""
 
-import copy
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from conftest import ARCHITECTURES, make_target
-from transformers import AutoConfig, AutoModel
+from transformers import AutoModel
 
-from angelspec_hf import AngelSpecMTPConfig, AngelSpecMTPDrafter, DFlyDrafter
+from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
 
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
@@ -24,25 +19,6 @@ def test_drafter_uses_the_decoder_layer_of_the_target_family(model_type):
     assert not any("embed_tokens" in name for name in names) and "lm_head.weight" not in names
 
 
-def test_save_and_load_round_trip_through_auto_classes(tmp_path):
-    target = make_target("qwen2")
-    drafter = AngelSpecMTPDrafter.from_target(target, num_depths=4, draft_vocab_size=40)
-    drafter.init_draft_vocab(torch.arange(target.config.vocab_size).double(), always_keep=[0])
-    drafter.save_pretrained(tmp_path)
-    saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["model_type"] == "angelspec_mtp" and "auto_map" in saved
-    assert isinstance(AutoConfig.from_pretrained(tmp_path), AngelSpecMTPConfig)
-    loaded = AutoModel.from_pretrained(tmp_path, dtype=torch.float64)
-    assert isinstance(loaded, AngelSpecMTPDrafter) and loaded.config.num_depths == 4
-    assert torch.equal(loaded.draft_to_target, drafter.draft_to_target) and 0 in loaded.draft_to_target.tolist()
-    for (name, ours), (_, theirs) in zip(drafter.state_dict().items(), loaded.state_dict().items()):
-        torch.testing.assert_close(ours, theirs, msg=name)
-    loaded.bind_target(target)
-    prompt = torch.tensor([[3, 5, 7, 9]])
-    expected = target.generate(prompt, max_new_tokens=12, do_sample=False)
-    assert torch.equal(target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=loaded), expected)
-
-
 def test_half_precision_checkpoint_drafts_in_the_target_precision(tmp_path):
     target = make_target("llama", dtype=torch.float32)
     AngelSpecMTPDrafter.from_target(target, draft_vocab_size=32).half().save_pretrained(tmp_path)
@@ -52,42 +28,6 @@ def test_half_precision_checkpoint_drafts_in_the_target_precision(tmp_path):
     expected = target.generate(prompt, max_new_tokens=8, do_sample=False)
     assert torch.equal(target.generate(prompt, max_new_tokens=8, do_sample=False, assistant_model=drafter), expected)
     assert drafter.dtype == torch.float32
-
-
-def test_checkpoint_loads_with_remote_code_where_the_package_is_missing(tmp_path):
-    drafter = AngelSpecMTPDrafter.from_target(make_target("llama"), num_depths=2, draft_vocab_size=32)
-    drafter.save_pretrained(tmp_path)
-    code = (
-        "import sys; sys.modules['angelspec_hf'] = None\n"  # the package cannot be imported
-        "from transformers import AutoModel\n"
-        f"model = AutoModel.from_pretrained({str(tmp_path)!r}, trust_remote_code=True)\n"
-        "print(type(model).__name__, type(model).__module__.startswith('transformers_modules'), model.config.num_depths)\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split()[-3:] == ["AngelSpecMTPDrafter", "True", "2"]
-
-
-def test_mismatched_target_is_refused_with_a_clear_error():
-    drafter = AngelSpecMTPDrafter.from_target(make_target("llama", seed=0))
-    with pytest.raises(ValueError, match="hidden_size"):
-        drafter.bind_target(make_target("llama", hidden_size=32, head_dim=8))
-    with pytest.raises(ValueError, match="model_type"):
-        drafter.bind_target(make_target("qwen2", seed=0))
-    with pytest.raises(ValueError, match="embedding differs"):
-        drafter.bind_target(make_target("llama", seed=1))  # same shapes, other weights
-    with pytest.raises(ValueError, match="does not match the target"):
-        make_target("llama", seed=1).generate(torch.tensor([[1, 2]]), max_new_tokens=2, assistant_model=drafter)
-
-
-def test_wrong_tokenizer_is_refused(smollm2_tokenizer):
-    target = make_target("llama", vocab_size=len(smollm2_tokenizer))
-    drafter = AngelSpecMTPDrafter.from_target(target, smollm2_tokenizer)
-    drafter.bind_target(target, smollm2_tokenizer)  # the right one is accepted
-    other = copy.deepcopy(smollm2_tokenizer)
-    other.add_special_tokens({"additional_special_tokens": ["<|tool|>"]})
-    with pytest.raises(ValueError, match="tokenizer differs"):
-        drafter.bind_target(target, other)
 
 
 def test_unbound_drafter_explains_how_to_bind():
@@ -108,24 +48,6 @@ def test_missing_or_corrupt_checkpoint_files_get_clear_errors(tmp_path):
     (tmp_path / "config.json").unlink()
     with pytest.raises(FileNotFoundError, match="no config.json"):
         AngelSpecMTPDrafter.from_pretrained(tmp_path)
-
-
-def test_interrupted_save_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):
-    drafter = AngelSpecMTPDrafter.from_target(make_target("llama"))
-    drafter.save_pretrained(tmp_path)
-    before = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}
-    with torch.no_grad():
-        drafter.fusion.weight.add_(1.0)
-
-    def crash(*args, **kwargs):
-        raise KeyboardInterrupt("power cut while writing weights")
-
-    monkeypatch.setattr("transformers.modeling_utils.safe_save_file", crash)
-    with pytest.raises(KeyboardInterrupt):
-        drafter.save_pretrained(tmp_path)
-    after = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}
-    assert after == before
-    assert not [name for name in os.listdir(tmp_path.parent) if ".saving-" in name]
 
 
 @pytest.mark.parametrize("model_type, target_layer_ids", [("llama", None), ("qwen3", None), ("llama", [0, 1])])

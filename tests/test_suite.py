@@ -49,7 +49,7 @@ def test_quick_suite_runs_every_method_and_reports_a_failing_one(smollm2_tokeniz
     )
     (cards / suite.DRAFTER_CARDS["dfly"] / "README.md").write_text("# DFly\n")
     write_tiny_data(tmp_path / "data")
-    monkeypatch.setattr(suite, "QUICK", suite.SuiteSize(1, 6, (1, 2), 4, {"mtp": ("fixed-1", "dcut"), "dfly": ("fixed-2", "dcut")}, 2, engine_requests=8, engine_repeats=2))
+    monkeypatch.setattr(suite, "QUICK", suite.SuiteSize(1, 6, (1, 2), 4, {"mtp": ("constant-1", "dcut"), "dfly": ("constant-2", "dcut")}, 2, engine_requests=8, engine_repeats=2))
     cli_main([
         "suite", "--quick", "--target", str(tmp_path / "target"), "--drafters-dir", str(cards), "--data-dir",
         str(tmp_path / "data"), "--output-dir", str(tmp_path / "out"), "--benchmarks-md", str(tmp_path / "BENCHMARKS.md"),
@@ -75,7 +75,7 @@ def test_quick_suite_runs_every_method_and_reports_a_failing_one(smollm2_tokeniz
     summary = report["summary"]
     assert summary["dfly:smollm2-135m-instruct-dfly[dcut]"]["median_speedup"] > 0
     engine_names = [run["name"] for run in report["engine"]["concurrency"][-1]["runs"]]
-    assert engine_names == ["batched-ar", "mtp[fixed-1]", "mtp[dcut]", "dfly[fixed-2]", "dfly[dcut]"]
+    assert engine_names == ["batched-ar", "mtp[constant-1]", "mtp[dcut]", "dfly[constant-2]", "dfly[dcut]"]
     assert report["engine"]["repeats"] == 2 and all(
         len(run["repeat_tokens_per_s"]) == 2 and run["identical_fraction"] == 1.0
         for level in report["engine"]["concurrency"] for run in level["runs"]

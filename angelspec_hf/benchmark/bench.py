@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from ..arguments import drafter_spec, non_negative_int, positive_int, positive_int_list, schedule_list
 from ..generation.dcut import load_cost_model
 from ..generation.engine import resident_memory_bytes
+from ..generation.policies import DCut, VerifyPolicy, resolve_policy
 from ..metrics import SpeculationStats, SpeculativeAcceptance
 from ..prompts import encode_chat, load_prompts
 
@@ -34,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="smollm2", help="target model (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument(
         "--drafter", action="append", default=[], type=drafter_spec,
-        help="drafter folder; repeat for several; DIR@SCHEDULES runs that drafter with its own schedules (e.g. DIR@dcut,fixed-15)",
+        help="drafter folder; repeat for several; DIR@SCHEDULES runs that drafter with its own schedules (e.g. DIR@dcut,constant-15)",
     )
     parser.add_argument("--prompts", default="mt_bench", help="prompt set name or JSONL file (`prompt` or `turns`)")
     parser.add_argument("--data-dir", default=None, help="local prompt folder (default ../shared/data)")
@@ -44,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--schedules", default="dcut", type=schedule_list,
         help="comma-separated verify-depth schedules to run each drafter with: dcut (adaptive, default), "
-        "fixed-K (verify K drafted tokens, e.g. fixed-1,fixed-3), heuristic (transformers' rule)",
+        "constant-K (verify K drafted tokens, e.g. constant-1,constant-3), heuristic (transformers' rule)",
     )
     parser.add_argument(
         "--full-vocab-variant", action="store_true",
@@ -53,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--concurrency", default=None, type=positive_int_list,
         help="comma-separated request concurrencies (e.g. 1,4,8,16,32,64): benchmark the batched engine instead, "
-        "batched AR vs each drafter with each policy (dcut, fixed-K) at each concurrency",
+        "batched AR vs each drafter with each policy (dcut, constant-K) at each concurrency",
     )
     parser.add_argument("--min-requests", type=positive_int, default=8, help="engine benchmark: requests per concurrency at least")
     parser.add_argument(
@@ -76,30 +77,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 @dataclass
 class Method:
     """One way of decoding: extra `generate()` arguments, the drafter whose acceptance statistics it records, and
-    the drafter generation-config settings (verify-depth schedule) it runs with."""
+    the verify policy it runs with (set on the drafter's generation config, where `generate()` reads it)."""
 
     name: str
     generate_kwargs: dict = field(default_factory=dict)
     drafter: torch.nn.Module | None = None
-    drafter_settings: dict = field(default_factory=dict)
+    policy: VerifyPolicy | None = None
     error: str | None = None  # set when the method could not even be set up (e.g. a drafter for another target)
 
     def apply_settings(self) -> None:
-        for key, value in self.drafter_settings.items():
-            setattr(self.drafter.generation_config, key, value)
-
-
-def schedule_settings(schedule: str, drafter) -> dict:
-    """Generation-config settings of a schedule name: `dcut`, `heuristic` or `fixed-K`."""
-    most = int(drafter.generation_config.num_assistant_tokens)
-    if schedule in ("dcut", "heuristic"):
-        return {"num_assistant_tokens_schedule": schedule, "num_assistant_tokens": most}
-    if schedule.startswith("fixed-") and schedule[len("fixed-") :].isdigit():
-        depth = int(schedule[len("fixed-") :])
-        if not 1 <= depth <= most:
-            raise ValueError(f"{schedule}: this drafter drafts at most {most} tokens per round")
-        return {"num_assistant_tokens_schedule": "constant", "num_assistant_tokens": depth}
-    raise ValueError(f"Unknown schedule {schedule!r}: use dcut, heuristic or fixed-K")
+        if self.policy is not None:
+            for key, value in self.policy.generation_settings().items():
+                setattr(self.drafter.generation_config, key, value)
 
 
 @dataclass
@@ -165,13 +154,13 @@ def drafter_methods(name: str, drafter, full_vocab_variant: bool = False, schedu
     else:
         kind = "dfly" if (config.per_layer_context_mix or config.ar_head) else "dflash"
     methods = [
-        Method(f"{kind}:{name}[{schedule}]", {"assistant_model": drafter}, drafter, schedule_settings(schedule, drafter))
-        for schedule in schedules
+        Method(f"{kind}:{name}[{policy.label}]", {"assistant_model": drafter}, drafter, policy)
+        for policy in (resolve_policy(schedule, drafter) for schedule in schedules)
     ]
     if full_vocab_variant and config.draft_vocab_size:
         full = drafter.with_full_vocabulary()
-        settings = methods[0].drafter_settings
-        methods.append(Method(f"{kind}:{name}+full-vocab-head[{schedules[0]}]", {"assistant_model": full}, full, settings))
+        policy = methods[0].policy
+        methods.append(Method(f"{kind}:{name}+full-vocab-head[{policy.label}]", {"assistant_model": full}, full, policy))
     if kind == "dflash":
         builtin = {"assistant_model": drafter.as_transformers_dflash(), "speculation_type": "dflash"}
         methods.append(Method(f"transformers-dflash:{name}", builtin))
@@ -266,7 +255,7 @@ def run_benchmark(
     }
     # What D-cut decided with: this machine's verify-cost profile and each adaptive method's calibration.
     adaptive = [(entry, method) for entry, method in zip(report["methods"], methods)
-                if method.drafter_settings.get("num_assistant_tokens_schedule") == "dcut" and not entry.get("failed")]
+                if isinstance(method.policy, DCut) and not entry.get("failed")]
     if adaptive:
         report["verify_cost"] = dataclasses.asdict(load_cost_model(target))
     for entry, method in adaptive:

@@ -1,7 +1,7 @@
 """`angelspec bench --concurrency 1,4,...`: throughput of the batched engine per policy and concurrency.
 
 At each concurrency C the same requests (the first `max(C, --min-requests)` prompts, each with `--max-new-tokens`)
-run through batched AR and through every drafter with every policy (fixed depths and D-cut), C at a time with
+run through batched AR and through every drafter with every verify policy (constant depths and D-cut), C at a time with
 continuous refill. Reported per run: output tokens/s (prefill included: it is part of serving), speedup over batched
 AR at that concurrency, decode tokens/s (prefill excluded), τ, acceptance by depth, identical fraction against
 batched AR, time split, peak KV-cache bytes and peak resident memory (sampled every round). With `--repeats N` the
@@ -17,7 +17,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..generation.dcut import load_cost_model
-from ..generation.engine import PROFILED_ROWS, Request, SpeculativeEngine
+from ..generation.engine import Request, SpeculativeEngine
+from ..generation.policies import PROFILED_ROWS, parse_label
 from ..metrics import SpeculationStats
 from ..prompts import encode_chat
 
@@ -60,13 +61,14 @@ def run_engine_benchmark(
         raise ValueError(f"{len(encoded)} prompts for a concurrency of {max(concurrencies)}: need {needed}")
     # Profile the verify cost over every batch size the runs use before timing anything.
     rows = sorted({r for r in PROFILED_ROWS if r < max(concurrencies)} | set(concurrencies))
-    cost_model = load_cost_model(target, rows=rows) if any("dcut" in p for _, _, p in drafters) else None
+    uses_dcut = any(parse_label(label)[0] == "dcut" for _, _, labels in drafters for label in labels)
+    cost_model = load_cost_model(target, rows=rows) if uses_dcut else None
     warm = [Request(encoded[0], max_new_tokens=4)]
     SpeculativeEngine(target, None, max_batch_size=1).generate(warm)
     for _, drafter, policies in drafters:
         for policy in policies:
             SpeculativeEngine(target, drafter, policy=policy, max_batch_size=1, cost_model=cost_model).generate(warm)
-    methods = [("batched-ar", None, "dcut")] + [
+    methods = [("batched-ar", None, None)] + [
         (f"{name}[{policy}]", drafter, policy) for name, drafter, policies in drafters for policy in policies
     ]
     levels = []
@@ -83,7 +85,7 @@ def run_engine_benchmark(
             outputs = [output for _, repeat in timed[name] for output in repeat]
             same = sum(o.output_ids == r.output_ids for o, r in zip(outputs, reference * repeats))
             metrics.update(name=name, identical_fraction=same / len(outputs))
-            if drafter is not None and "dcut" in policy:
+            if drafter is not None and parse_label(policy)[0] == "dcut":
                 metrics["calibration"] = drafter.dcut_calibrator.table()
             runs.append(metrics)
         for metrics in runs:
@@ -106,24 +108,24 @@ def _median_repeat(repeats: list[dict]) -> dict:
 
 
 def summarize(levels: list[dict]) -> dict:
-    """Per drafter: D-cut vs the best fixed depth at each concurrency, and where each fixed depth loses to AR."""
+    """Per drafter: D-cut vs the best constant depth at each concurrency, and where each constant depth loses to AR."""
     summary = {}
     for level in levels:
         by_drafter: dict[str, dict[str, dict]] = {}
         for run in level["runs"][1:]:
-            drafter, _, policy = run["name"].rpartition("[")
-            by_drafter.setdefault(drafter, {})[policy.rstrip("]")] = run
+            drafter, _, label = run["name"].rpartition("[")
+            by_drafter.setdefault(drafter, {})[label.rstrip("]")] = run
         for drafter, runs in by_drafter.items():
-            entry = summary.setdefault(drafter, {"dcut_vs_best_fixed": {}, "fixed_slower_than_ar": {}})
-            fixed = {policy: run for policy, run in runs.items() if policy.startswith("fixed-")}
-            if "dcut" in runs and fixed:
-                best = max(fixed, key=lambda policy: fixed[policy]["tokens_per_s"])
-                entry["dcut_vs_best_fixed"][level["concurrency"]] = {
-                    "best_fixed": best, "ratio": runs["dcut"]["tokens_per_s"] / fixed[best]["tokens_per_s"],
+            entry = summary.setdefault(drafter, {"dcut_vs_best_constant": {}, "constant_slower_than_ar": {}})
+            constant = {label: run for label, run in runs.items() if parse_label(label)[0] == "constant"}
+            if "dcut" in runs and constant:
+                best = max(constant, key=lambda label: constant[label]["tokens_per_s"])
+                entry["dcut_vs_best_constant"][level["concurrency"]] = {
+                    "best_constant": best, "ratio": runs["dcut"]["tokens_per_s"] / constant[best]["tokens_per_s"],
                 }
-            for policy, run in fixed.items():
+            for label, run in constant.items():
                 if run["speedup"] < 1.0:
-                    entry["fixed_slower_than_ar"].setdefault(policy, []).append(level["concurrency"])
+                    entry["constant_slower_than_ar"].setdefault(label, []).append(level["concurrency"])
     return summary
 
 
@@ -142,10 +144,10 @@ def format_engine_table(report: dict) -> str:
             )
     for drafter, entry in report["summary"].items():
         ratios = ", ".join(
-            f"C={c}: {v['ratio']:.2f}× of {v['best_fixed']}" for c, v in entry["dcut_vs_best_fixed"].items()
+            f"C={c}: {v['ratio']:.2f}× of {v['best_constant']}" for c, v in entry["dcut_vs_best_constant"].items()
         )
-        losers = "; ".join(f"{p} at C={','.join(map(str, cs))}" for p, cs in sorted(entry["fixed_slower_than_ar"].items())) or "none"
-        lines.append(f"\n{drafter}: D-cut vs best fixed depth — {ratios}. Fixed depths slower than batched AR: {losers}.")
+        losers = "; ".join(f"{p} at C={','.join(map(str, cs))}" for p, cs in sorted(entry["constant_slower_than_ar"].items())) or "none"
+        lines.append(f"\n{drafter}: D-cut vs best constant depth — {ratios}. Constant depths slower than batched AR: {losers}.")
     return "\n".join(lines)
 
 

@@ -5,7 +5,7 @@ GSM8K test and MBPP test, prompts spread evenly over each domain. Methods throug
 every ratio), transformers' prompt lookup decoding, transformers' assisted generation with its heuristic schedule on
 an early-exit assistant (the target's first quarter of layers, the one compatible assistant available offline),
 transformers' built-in DFlash generator on our DFlash-ablation checkpoint, and each shipped drafter with D-cut (MTP
-with and without TTT, DFlash, DFly). Then the batched engine: batched AR vs MTP and DFly at fixed depths and with
+with and without TTT, DFlash, DFly). Then the batched engine: batched AR vs MTP and DFly at constant depths and with
 D-cut, over concurrencies, on the chat+math+code mix. A method that fails (for example a drafter for another target) is reported with its error; the rest of the suite runs.
 """
 
@@ -50,11 +50,11 @@ class SuiteSize:
 
 
 QUICK = SuiteSize(  # a smoke run under 3 minutes: every method and both engine drafters, few tokens
-    1, 8, (1, 4), 8, {"mtp": ("fixed-2", "dcut"), "dfly": ("fixed-4", "dcut")}, 1, shortest=True, engine_requests=1
+    1, 8, (1, 4), 8, {"mtp": ("constant-2", "dcut"), "dfly": ("constant-4", "dcut")}, 1, shortest=True, engine_requests=1
 )
 FULL = SuiteSize(  # sized to finish within an hour on one CPU thread; every timing repeated twice (median)
     2, 48, (1, 4, 16), 32,
-    {"mtp": ("fixed-1", "fixed-2", "fixed-3", "dcut"), "dfly": ("fixed-1", "fixed-2", "fixed-4", "fixed-8", "dcut")}, 2,
+    {"mtp": ("constant-1", "constant-2", "constant-3", "dcut"), "dfly": ("constant-1", "constant-2", "constant-4", "constant-8", "dcut")}, 2,
     engine_repeats=2,
 )
 

@@ -5,17 +5,14 @@ stopping criteria, streamer); this generator only drafts. It declares `requires_
 the previous target forward, whose hidden states (the indices the drafter asks for, no extra compute) condition
 the next draft.
 
-How many drafted tokens go to verification is the drafter's `generation_config.num_assistant_tokens_schedule`:
-`"dcut"` (default) verifies the prefix that maximises expected tokens per second under this machine's profiled
-verify cost (D-cut, `dcut.py`); `"constant"` verifies `num_assistant_tokens`; `"heuristic"` is transformers' rule
-(+2 after a fully accepted round, -1 otherwise), capped at the drafter's D or block. `num_assistant_tokens` is
-the most drafted per round. Unlike transformers' assistants, `assistant_confidence_threshold` is not used: D-cut's
-calibrated prefix confidences take its place.
+How many tokens are drafted and verified is the drafter's verify policy (`policies.py`), chosen from its generation
+config as transformers' assistants choose theirs: `num_assistant_tokens_schedule` `"dcut"` (default), `"constant"`
+or `"heuristic"`, with `num_assistant_tokens` the most drafted per round. Unlike transformers' assistants,
+`assistant_confidence_threshold` is not used: D-cut's calibrated prefix confidences take its place.
 """
 
 from __future__ import annotations
 
-import time
 import warnings
 
 import torch
@@ -23,16 +20,15 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from ..metrics import SpeculationStats
-from .dcut import ConfidenceCalibrator, DraftRound, dcut_depths, load_cost_model
-
-SCHEDULES = ("dcut", "constant", "heuristic")
+from .policies import draft_round, resolve_policy
 
 
 class AngelSpecCandidateGenerator(CandidateGenerator):
-    """Drafts `num_assistant_tokens` tokens per round with an AngelSpec drafter bound to the target.
+    """Drafts with an AngelSpec drafter bound to the target, as its verify policy decides.
 
     Bookkeeping: the target forward of each round starts at the first position without a target hidden state, so
-    the first `len(input_ids) - 1 - num_seen` rows of its hidden states are the newly verified ones.
+    the first `len(input_ids) - 1 - num_seen` rows of its hidden states are the newly verified ones. A round the
+    policy skips leaves them pending; the drafter reads them all when it next drafts.
     """
 
     requires_model_outputs = True
@@ -55,19 +51,9 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         self.drafter = drafter
         self.hidden_indices = drafter.target_hidden_state_indices()
         self.model_kwargs_overrides = {"output_hidden_states": self.hidden_indices}
-        self.max_tokens = int(drafter.generation_config.num_assistant_tokens)
-        self.num_tokens = self.max_tokens
-        self.schedule = drafter.generation_config.num_assistant_tokens_schedule or "dcut"
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"num_assistant_tokens_schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.schedule == "dcut":
-            cost_model = load_cost_model(target)
-            # One-row verify cost by width, looked up (not interpolated) on every drafted token.
-            widths = [cost_model(1, width) for width in range(1, self.max_tokens + 2)]
-            self.verify_seconds = lambda rows, width: widths[width - 1]
-            if getattr(drafter, "dcut_calibrator", None) is None:  # kept across calls: it follows acceptance drift
-                drafter.dcut_calibrator = ConfidenceCalibrator()
-            self.calibrator = drafter.dcut_calibrator
+        self.policy = resolve_policy(None, drafter)
+        self.policy.start(target, drafter, max_rows=1)
+        self.row = self.policy.new_row()
         self.max_length = generation_config.max_length
         self.do_sample = generation_config.do_sample
         self.temperature = (generation_config.temperature or 1.0) if self.do_sample else 1.0
@@ -76,6 +62,7 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
             if generation_config.stop_strings and tokenizer is not None
             else None
         )
+        self.may_draft = True
         if self.do_sample and self.stop_strings is not None:
             # Cutting before a stop string reads the drafted token, which rejection sampling cannot allow, and nearly
             # any token may complete a stop string: sampling with stop strings decodes without drafts, losslessly.
@@ -83,65 +70,46 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
                 "Sampling with stop_strings: speculative decoding would have to cut drafts by the tokens drawn, which "
                 "biases the output; this call decodes without drafts.", UserWarning, stacklevel=2,
             )
-            self.max_tokens = self.num_tokens = 0
+            self.may_draft = False
         self.state = drafter.new_draft_state()
         self.num_seen = 0
+        self.pending_hidden: tuple[torch.Tensor, ...] = ()
+        self.pending_tokens = input_ids[:, :0]
+        self.drafting = None  # this round's `DraftRound`, None when it drafted nothing
         self.num_drafted = 0
-        self.drafting = self.new_round()
-        self.step_seconds = 0.0  # one sequential drafting step, measured (optimistic 0 until measured)
-        self.verified_confidence = torch.zeros(0)
         self.stats = SpeculationStats()
         drafter.speculation_stats = self.stats
-
-    def new_round(self) -> DraftRound:
-        """Greedy: argmax. Sampling: draw from q = softmax(logits / T), the q reported to rejection sampling."""
-        return DraftRound(torch.tensor([self.temperature]), sampled=[self.do_sample])
 
     def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, **kwargs):
         if is_first_iteration:  # let the target prefill first: its hidden states condition the first draft
             return input_ids, None
         length = input_ids.shape[1]
         num_new = length - 1 - self.num_seen
-        hidden = tuple(model_outputs.hidden_states[i][:, :num_new] for i in self.hidden_indices)
-        new_tokens = input_ids[:, self.num_seen + 1 :]
+        new_hidden = tuple(model_outputs.hidden_states[i][:, :num_new] for i in self.hidden_indices)
+        if self.pending_hidden:  # rounds without drafts left these unread
+            new_hidden = tuple(torch.cat([old, new], 1) for old, new in zip(self.pending_hidden, new_hidden))
+        self.pending_hidden = new_hidden
+        self.pending_tokens = torch.cat([self.pending_tokens, input_ids[:, self.num_seen + 1 :]], 1)
         self.num_seen = length - 1
-        self.num_drafted = max(0, min(self.num_tokens, self.max_length - length - 1))
-        self.drafting = self.new_round()
-        draft_ids, draft_logits = self.drafter.propose(
-            self.state, hidden, new_tokens, self.num_drafted, self.drafting.choose, keep_drafting=self.keep_drafting
+        budget = self.max_length - length - 1
+        count = self.policy.draft_count([self.row], budget) if self.may_draft else 0
+        self.drafting, self.num_drafted = None, 0
+        if count == 0:
+            return input_ids, None
+        temperatures = torch.tensor([self.temperature])
+        draft_ids, draft_logits, self.drafting = draft_round(
+            self.drafter, self.state, self.policy, [self.row], self.pending_hidden, self.pending_tokens, count,
+            temperatures, sampled=[self.do_sample],
         )
+        self.pending_hidden, self.pending_tokens = (), self.pending_tokens[:, :0]
         draft_ids = draft_ids[:, : self.drafting.usable_steps()[0]]  # a broken drafter's non-finite scores: no draft
         draft_ids = self.cut_before_stop_string(input_ids, draft_ids)
-        if self.schedule == "dcut":
-            draft_ids = self.dcut(draft_ids, draft_seconds=time.perf_counter() - self.drafting.start)
-        self.stats.draft_seconds += time.perf_counter() - self.drafting.start
-        self.stats.phase_seconds = dict(getattr(self.state, "phase_seconds", {}))
-        draft_logits = draft_logits[:, : draft_ids.shape[1]]
-        self.num_drafted = draft_ids.shape[1]
-        candidates = torch.cat([input_ids, draft_ids], dim=1)
+        (self.num_drafted,) = self.policy.depths(self.drafting, [draft_ids.shape[1]], [self.row], self.drafting.seconds)
+        self.stats.add_drafting_time(self.drafting)
+        candidates = torch.cat([input_ids, draft_ids[:, : self.num_drafted]], dim=1)
         if not self.do_sample or self.num_drafted == 0:
             return candidates, None
-        return candidates, self.drafter.to_target_logits(draft_logits.float() / self.temperature)
-
-    def keep_drafting(self) -> bool:
-        """Early exit for sequential drafting (MTP depths, DFly's AR head) under D-cut: stop once no further token
-        can raise the round's expected tokens per second (`worth_drafting_further`, one row)."""
-        if self.schedule != "dcut":
-            return True
-        self.step_seconds = self.drafting.step_seconds(self.step_seconds)
-        return self.drafting.worth_continuing(self.calibrator, self.verify_seconds, self.num_drafted, self.step_seconds)
-
-    def dcut(self, draft_ids: torch.LongTensor, draft_seconds: float) -> torch.LongTensor:
-        """Keep the prefix worth verifying (D-cut with one request): calibrated prefix confidences against the
-        profiled verify cost, this round's drafting time included."""
-        count = draft_ids.shape[1]
-        if count == 0:
-            self.verified_confidence = torch.zeros(0)
-            return draft_ids
-        raw = self.drafting.confidence()[0, :count]
-        depth = dcut_depths([self.calibrator(raw)], self.verify_seconds, draft_seconds, sampled=[self.do_sample])[0]
-        self.verified_confidence = raw[:depth]
-        return draft_ids[:, :depth]
+        return candidates, self.drafter.to_target_logits(draft_logits[:, : self.num_drafted].float() / self.temperature)
 
     def cut_before_stop_string(self, input_ids: torch.LongTensor, draft_ids: torch.LongTensor) -> torch.LongTensor:
         """Drop drafts from the first one that would complete a stop string.
@@ -160,8 +128,5 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         num_matches = int(num_matches)
         self.stats.record_round(drafted=self.num_drafted, accepted=num_matches)
-        if self.schedule == "dcut" and self.num_drafted:
-            self.calibrator.update(self.verified_confidence, torch.arange(self.num_drafted) < num_matches)
-        elif self.schedule == "heuristic":  # transformers' rule for assistant models
-            all_accepted = num_matches == self.num_drafted
-            self.num_tokens = min(self.max_tokens, self.num_tokens + 2) if all_accepted else max(1, self.num_tokens - 1)
+        if self.drafting is not None:
+            self.policy.observe(self.drafting, [self.num_drafted], [num_matches], [self.row])

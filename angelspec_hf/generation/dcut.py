@@ -262,8 +262,10 @@ class DraftRound:
     A row whose draft scores turn non-finite (a broken drafter) drafts nothing usable from that step on.
     """
 
-    def __init__(self, temperatures: torch.Tensor, sampled: Sequence[bool], generators=None):
+    def __init__(self, temperatures: torch.Tensor, sampled: Sequence[bool], generators=None, reads_backlog: bool = False):
         self.start = time.perf_counter()
+        self.seconds = 0.0  # the whole round's drafting time, once it is over
+        self.reads_backlog = reads_backlog  # the drafter first read more than a round's verified tokens
         self.sampled = torch.tensor(list(sampled), dtype=torch.bool)
         self.temperatures = temperatures
         self.generators = generators if generators is not None else [None] * len(self.sampled)

@@ -5,9 +5,11 @@ once on plain transformers models and caches, one round at a time:
 
     admit   waiting requests join while the batch has room (prefilled on their own, then merged in)
     draft   the drafter reads the tokens verified since it last ran and proposes for every row in one batched
-            call (its cache is ragged like the target's); skipped when D-cut expects no draft to pay this round
-    cut     D-cut ranks all drafted tokens of all rows by calibrated confidence and keeps the set that maximises
-            expected tokens per second under this machine's verify-cost profile (or a fixed depth per row)
+            call (its cache is ragged like the target's), as many as the verify policy (`policies.py`) asks;
+            skipped when D-cut expects no draft to pay this round
+    cut     the policy picks each row's verified depth: D-cut ranks all drafted tokens of all rows by calibrated
+            confidence and keeps the set that maximises expected tokens per second under this machine's
+            verify-cost profile; `constant` and `heuristic` set a depth per row
     verify  one target forward over [bonus, kept drafts] of every row, padded to the widest row
     accept  per row: greedy match or speculative rejection sampling; rejected drafts become masked holes
     retire  finished rows leave; the cache squeezes its holes out when they waste more than half of it
@@ -32,16 +34,8 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 
 from ..cache_utils import RaggedCache
 from ..metrics import SpeculationStats
-from .dcut import ConfidenceCalibrator, DraftRound, dcut_depths, load_cost_model
-
-PROFILED_ROWS = (1, 2, 4, 8, 16, 32, 64)
-
-
-def profiled_rows(max_batch_size: int) -> list[int]:
-    """Batch sizes to profile the verify cost at for batches of up to `max_batch_size` rows."""
-    return [r for r in PROFILED_ROWS if r < max_batch_size] + [max_batch_size]
-REPROBE_ROUNDS = 8  # after this many rounds without drafting D-cut drafts once anyway, to keep its estimate current
-MAX_REPROBE_ROUNDS = 64  # the interval doubles up to this while those probes confirm that drafting does not pay
+from .dcut import DraftRound
+from .policies import RowState, VerifyPolicy, draft_round, resolve_policy
 
 
 @dataclass
@@ -82,7 +76,7 @@ class EngineStats:
     peak_rows: int = 0
     peak_cache_bytes: int = 0
     peak_rss_bytes: int = 0
-    skipped_drafts: int = 0  # rounds in which D-cut decided that no draft could pay for its verification
+    skipped_drafts: int = 0  # rounds in which the policy (D-cut) decided that no draft could pay for its verification
 
 
 @dataclass
@@ -96,9 +90,9 @@ class _Row:
     processors: LogitsProcessorList
     generator: torch.Generator | None
     next_token: int
+    policy_row: RowState | None = None  # what the verify policy keeps for this request
     pending_hidden: tuple[torch.Tensor, ...] = ()
     pending_tokens: list[int] = field(default_factory=list)
-    heuristic_depth: int = 0  # the `heuristic` policy's current depth for this request
 
     @property
     def remaining(self) -> int:
@@ -114,18 +108,6 @@ class _Row:
             if self.remaining <= 0:
                 self.output.finish_reason = "length"
                 return
-
-
-def parse_policy(policy: str | int) -> int | None:
-    """`"dcut"` or `"heuristic"` -> None; `"fixed-K"`, `"K"` or K -> K drafted tokens verified per request."""
-    if policy in ("dcut", "heuristic"):
-        return None
-    text = str(policy).removeprefix("fixed-")
-    if not text.isdigit():
-        raise ValueError(
-            f"policy must be 'dcut', 'heuristic' or 'fixed-K' (K drafted tokens verified per request), got {policy!r}"
-        )
-    return int(text)
 
 
 def kv_bytes_per_token(target) -> int:
@@ -165,22 +147,21 @@ class SpeculativeEngine:
     Args:
         target: the target `PreTrainedModel` (decoder-only, full attention).
         drafter: an AngelSpec drafter bound to (or trained for) `target`, or `None` for batched autoregressive decoding.
-        policy: `"dcut"` (default) or `"fixed-K"`: verify K drafted tokens per request.
+        policy: the verify policy (`policies.py`): a `VerifyPolicy`, a label (`"dcut"`, `"heuristic"`,
+            `"constant-K"`), or None for the drafter's generation config, as `generate()` reads it (D-cut by default).
         max_batch_size: most requests decoded together; more are queued and join as others finish.
         memory_budget_bytes: most bytes the target KV cache may hold (default: half of the free memory at start);
             requests wait in the queue while admitting them would exceed it.
-        num_draft_tokens: most tokens drafted per round (default: the drafter's `num_assistant_tokens`).
-        cost_model: verify-cost profile (default: this machine's, profiled and cached on first use).
+        cost_model: D-cut's verify-cost profile (default: this machine's, profiled and cached on first use).
     """
 
     def __init__(
         self,
         target,
         drafter=None,
-        policy: str | int = "dcut",
+        policy: VerifyPolicy | str | None = None,
         max_batch_size: int = 16,
         memory_budget_bytes: int | None = None,
-        num_draft_tokens: int | None = None,
         cost_model=None,
         tokenizer=None,
     ):
@@ -190,10 +171,6 @@ class SpeculativeEngine:
             raise ValueError(f"memory_budget_bytes must be positive (None: half the free memory), got {memory_budget_bytes}")
         self.target = target
         self.drafter = drafter
-        self.fixed_depth = parse_policy(policy)
-        self.heuristic = policy == "heuristic"  # transformers' rule per request: +2 after a full acceptance, else -1
-        self.dcut = self.fixed_depth is None and not self.heuristic
-        self.policy = policy if self.fixed_depth is None else f"fixed-{self.fixed_depth}"
         self.max_batch_size = max_batch_size
         self.device = target.device
         self.bytes_per_token = kv_bytes_per_token(target)
@@ -203,24 +180,15 @@ class SpeculativeEngine:
         default_eos = target.generation_config.eos_token_id
         self.default_eos = default_eos if isinstance(default_eos, list) else [] if default_eos is None else [default_eos]
         self.hidden_indices: list[int] = []
+        self.policy: VerifyPolicy | None = None
         self.max_draft = 0
         if drafter is not None:
             drafter.bind_target(target, tokenizer)
             self.hidden_indices = drafter.target_hidden_state_indices()
-            self.max_draft = int(num_draft_tokens or drafter.generation_config.num_assistant_tokens)
-            if self.fixed_depth is not None:
-                self.max_draft = min(self.max_draft, self.fixed_depth)
-        if drafter is not None and self.dcut:
-            self.verify_seconds = cost_model or load_cost_model(target, rows=profiled_rows(max_batch_size))
-            if getattr(drafter, "dcut_calibrator", None) is None:
-                drafter.dcut_calibrator = ConfidenceCalibrator()
-            self.calibrator = drafter.dcut_calibrator
+            self.policy = resolve_policy(policy, drafter, cost_model)
+            self.policy.start(target, drafter, max_rows=max_batch_size)
+            self.max_draft = self.policy.max_draft
         self.stats = EngineStats()
-        self.step_seconds = 0.0  # one sequential drafting step, measured (optimistic 0 until measured)
-        self.depth_confidence: torch.Tensor | None = None  # D-cut's running estimate before drafting
-        self.first_draft_seconds: float | None = None  # running estimate: reading the verified tokens + first step
-        self.rounds_without_draft = 0
-        self.reprobe_interval = REPROBE_ROUNDS
         self._submitted = 0
         self._waiting: deque[tuple[Request, RequestOutput]] = deque()
         self.rows: list[_Row] = []
@@ -361,7 +329,8 @@ class SpeculativeEngine:
         if request.do_sample:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(request.seed if request.seed is not None else torch.seed())
-        row = _Row(request, output, eos, _processors(request), generator, next_token=-1, heuristic_depth=self.max_draft)
+        policy_row = self.policy.new_row() if self.policy is not None else None
+        row = _Row(request, output, eos, _processors(request), generator, next_token=-1, policy_row=policy_row)
         cache = RaggedCache(1, self.device)
         ids = torch.tensor([request.input_ids], device=self.device)
         cache.append(torch.ones_like(ids, dtype=torch.bool))
@@ -387,114 +356,45 @@ class SpeculativeEngine:
         depths = self._depths(drafts, drafting)
         self._verify(drafts, draft_logits, drafting, depths)
 
-    def _draft(self):
+    def _draft(self) -> tuple[torch.LongTensor, torch.Tensor | None, DraftRound | None]:
         """Every row's drafts [B, K] (target vocabulary), their draft logits and the `DraftRound` that chose them;
-        K = 0 without a drafter, or when D-cut sees that no draft could pay for its verification."""
+        K = 0 without a drafter, or when the policy skips drafting this round (the verified tokens then wait: the
+        drafter reads them all at once when it next drafts)."""
         batch = len(self.rows)
         no_drafts = torch.zeros(batch, 0, dtype=torch.long, device=self.device), None, None
         if self.drafter is None:
             return no_drafts
         budget = max(row.remaining for row in self.rows) - 1
-        num_tokens = max(0, min(self.max_draft, budget))
-        if self.heuristic:
-            num_tokens = min(num_tokens, max(row.heuristic_depth for row in self.rows))
-        verify = None
-        if self.dcut:  # this round's verify cost by width, looked up instead of interpolated per token
-            widths = [self.verify_seconds(batch, width) for width in range(1, self.max_draft + 2)]
-            verify = lambda rows, width: widths[width - 1]  # noqa: E731
-            if num_tokens and not self._drafting_expected_to_pay(batch, widths):
-                num_tokens = 0
-                self.stats.skipped_drafts += 1
-        if num_tokens == 0:  # the verified tokens wait: the drafter reads them all at once when it next drafts
+        count = self.policy.draft_count([row.policy_row for row in self.rows], budget)
+        if count == 0:
+            self.stats.skipped_drafts += budget > 0
             return no_drafts
-        drafting = DraftRound(
-            torch.tensor([row.request.temperature if row.request.do_sample else 1.0 for row in self.rows]),
-            sampled=[row.request.do_sample for row in self.rows], generators=[row.generator for row in self.rows],
-        )
-        count = max(len(row.pending_tokens) for row in self.rows)
-        self.round_reads_backlog = count > self.max_draft + 1  # after skipped rounds, or a joining prompt
+        width = max(len(row.pending_tokens) for row in self.rows)
         lengths = torch.tensor([len(row.pending_tokens) for row in self.rows], device=self.device)
-        tokens = torch.tensor([row.pending_tokens + [0] * (count - len(row.pending_tokens)) for row in self.rows], device=self.device)
+        tokens = torch.tensor([row.pending_tokens + [0] * (width - len(row.pending_tokens)) for row in self.rows], device=self.device)
         hidden = tuple(
-            torch.stack([torch.nn.functional.pad(row.pending_hidden[i], (0, 0, 0, count - len(row.pending_tokens))) for row in self.rows])
+            torch.stack([torch.nn.functional.pad(row.pending_hidden[i], (0, 0, 0, width - len(row.pending_tokens))) for row in self.rows])
             for i in range(len(self.hidden_indices))
         )
-
-        def keep_drafting() -> bool:
-            """D-cut's early exit: stop once no further depth can raise the round's expected tokens per second."""
-            if verify is None:
-                return True
-            self.step_seconds = drafting.step_seconds(self.step_seconds)
-            return drafting.worth_continuing(self.calibrator, verify, num_tokens, self.step_seconds)
-
-        draft_ids, logits = self.drafter.propose(
-            self.draft_state, hidden, tokens, num_tokens, drafting.choose, keep_drafting=keep_drafting, new_lengths=lengths
+        draft_ids, logits, drafting = draft_round(
+            self.drafter, self.draft_state, self.policy, [row.policy_row for row in self.rows], hidden, tokens, count,
+            temperatures=torch.tensor([row.request.temperature if row.request.do_sample else 1.0 for row in self.rows]),
+            sampled=[row.request.do_sample for row in self.rows], generators=[row.generator for row in self.rows],
+            new_lengths=lengths,
         )
         for row in self.rows:
             row.pending_hidden, row.pending_tokens = (), []
-        self.round_draft_seconds = time.perf_counter() - drafting.start
-        self.round_first_draft_seconds = drafting.first_step_seconds()
-        self.stats.phase_seconds["draft"] += self.round_draft_seconds
+        self.stats.phase_seconds["draft"] += drafting.seconds
         return draft_ids, logits, drafting
 
-    def _drafting_expected_to_pay(self, rows: int, widths: list[float]) -> bool:
-        """D-cut before drafting: with the mean calibrated confidence of each draft position over recent rounds
-        (ĉ_k) and the drafting time of m tokens (first step plus m − 1 measured steps), would any verify width beat
-        a round without drafts? While it would not, rounds skip drafting altogether. A skipped round re-probes
-        after `reprobe_interval` of them, so the estimate follows drift in acceptance and batch size; the interval
-        doubles (up to `MAX_REPROBE_ROUNDS`) while probes keep confirming that drafting does not pay."""
-        if self.depth_confidence is None:
-            return True
-        if self.rounds_without_draft >= self.reprobe_interval:
-            self.rounds_without_draft = 0
-            self.reprobe_interval = min(2 * self.reprobe_interval, MAX_REPROBE_ROUNDS)
-            return True
-        no_draft = rows / widths[0]
-        expected = rows * (1 + self.depth_confidence.cumsum(0))
-        first_step = self.step_seconds if self.first_draft_seconds is None else self.first_draft_seconds
-        pays = any(
-            float(expected[m - 1]) / (first_step + (m - 1) * self.step_seconds + widths[m]) > no_draft
-            for m in range(1, len(widths))
-        )
-        if pays:
-            self.rounds_without_draft, self.reprobe_interval = 0, REPROBE_ROUNDS
-        else:
-            self.rounds_without_draft += 1
-        return pays
-
-    def _record_drafting(self, calibrated: torch.Tensor) -> None:
-        """Exponential averages of the per-position mean calibrated confidence and of the first drafting step's time.
-        Only drafted positions are averaged: a position the early exit did not reach keeps its estimate (the first
-        time, that of the deepest drafted one), capped so that the estimates never grow with depth. A round that read
-        a backlog (a new prompt, or tokens left by skipped rounds) says nothing about a usual first step's time."""
-        drafted = calibrated.shape[1]
-        mean = calibrated.mean(0)
-        if self.depth_confidence is None:
-            self.depth_confidence = mean[-1].repeat(self.max_draft)
-            self.depth_confidence[:drafted] = mean
-        else:
-            self.depth_confidence[:drafted] = 0.8 * self.depth_confidence[:drafted] + 0.2 * mean
-        self.depth_confidence = self.depth_confidence.cummin(0).values
-        if not self.round_reads_backlog:
-            first = self.round_first_draft_seconds
-            self.first_draft_seconds = first if self.first_draft_seconds is None else 0.8 * self.first_draft_seconds + 0.2 * first
-
     def _depths(self, drafts: torch.Tensor, drafting: DraftRound | None) -> list[int]:
-        """Drafted tokens to verify per row: fixed, transformers' heuristic or D-cut's global ranking; never past a
-        row's length limit, nor from a step whose draft scores were not finite."""
+        """Drafted tokens to verify per row, as the policy decides; never past a row's length limit, nor from a step
+        whose draft scores were not finite."""
         if drafting is None or not drafts.shape[1]:
             return [0] * len(self.rows)
         usable = drafting.usable_steps()
         caps = [max(0, min(drafts.shape[1], row.remaining - 1, usable[r])) for r, row in enumerate(self.rows)]
-        if self.heuristic:
-            return [min(cap, row.heuristic_depth) for cap, row in zip(caps, self.rows)]
-        if not self.dcut:
-            return [min(cap, self.fixed_depth) for cap in caps]
-        calibrated = self.calibrator(drafting.confidence()[:, : drafts.shape[1]])  # position k reads only steps ≤ k
-        self._record_drafting(calibrated)
-        confidences = [row[:cap] for row, cap in zip(calibrated, caps)]
-        sampled = [row.request.do_sample for row in self.rows]
-        return dcut_depths(confidences, self.verify_seconds, self.round_draft_seconds, sampled=sampled)
+        return self.policy.depths(drafting, caps, [row.policy_row for row in self.rows], drafting.seconds)
 
     def _verify(self, drafts, draft_logits, drafting: DraftRound | None, depths: list[int]) -> None:
         """One target forward over every row's [next token, kept drafts]; accept per row; update both caches."""
@@ -511,9 +411,8 @@ class SpeculativeEngine:
             use_cache=True, output_hidden_states=bool(self.hidden_indices),
         )
         keep = torch.zeros(len(self.rows), width, dtype=torch.bool, device=self.device)
-        verified_confidence, verified_accepted = [], []
+        observed, accepted_counts = list(depths), [0] * len(self.rows)  # what the policy learns from (failed rows: nothing)
         greedy = out.logits.argmax(-1).tolist()  # the target's choice at every position, one call for all rows
-        confidence = drafting.confidence() if drafting is not None else None
         for r, row in enumerate(self.rows):
             depth = depths[r]
             try:
@@ -528,15 +427,12 @@ class SpeculativeEngine:
                     bonus = greedy[r][accepted]
             except Exception as error:  # noqa: BLE001  (this request alone fails; it leaves the batch at retire)
                 _fail(row.output, error)
+                observed[r] = 0
                 continue
+            accepted_counts[r] = accepted
             keep[r, : accepted + 1] = True
             new_tokens = chunk[r, 1 : accepted + 1].tolist() + [bonus]
             row.output.stats.record_round(drafted=depth, accepted=accepted)
-            if depth:
-                verified_confidence.append(confidence[r, :depth])
-                verified_accepted.append(torch.arange(depth) < accepted)
-            if self.heuristic and depth:
-                row.heuristic_depth = min(self.max_draft, row.heuristic_depth + 2) if accepted == depth else max(1, row.heuristic_depth - 1)
             row.emit(new_tokens)
             row.next_token = bonus
             if self.hidden_indices:  # appended: a round without drafting leaves the earlier ones unread
@@ -546,8 +442,8 @@ class SpeculativeEngine:
                 )
                 row.pending_tokens = row.pending_tokens + new_tokens
         self.cache.keep_last(keep)
-        if self.dcut and verified_confidence:  # one calibration step per round
-            self.calibrator.update(torch.cat(verified_confidence), torch.cat(verified_accepted))
+        if drafting is not None:
+            self.policy.observe(drafting, observed, accepted_counts, [row.policy_row for row in self.rows])
         self.stats.phase_seconds["verify"] += time.perf_counter() - start
 
     def _accept_sampled(self, row: _Row, logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None) -> tuple[int, int]:

@@ -59,7 +59,7 @@ def batched_speculative_decoding(
 ):
     """`generate(batch, assistant_model=drafter)` for a batch: each row (its padding dropped by `attention_mask`) is
     a request of `SpeculativeEngine`, with the generation config's length limit, EOS and sampling settings and the
-    drafter's schedule (`dcut`, `heuristic`, or `constant` as a fixed depth). Returns the rows, left as given, followed by their
+    drafter's verify policy (its `num_assistant_tokens_schedule`, as for one sequence). Returns the rows, left as given, followed by their
     new tokens, right-padded with `pad_token_id` as `generate()` does."""
     model_kwargs = model_kwargs or {}
     unsupported = [type(p).__name__ for p in logits_processor if not isinstance(p, _BATCHED_PROCESSORS)]
@@ -72,10 +72,6 @@ def batched_speculative_decoding(
             f"Batched speculative decoding ({input_ids.shape[0]} sequences) supports greedy and sampling (temperature, "
             f"top-k, top-p) with max length and EOS; not: {', '.join(unsupported)}. Call generate() once per sequence."
         )
-    schedule = drafter.generation_config.num_assistant_tokens_schedule or "dcut"
-    if schedule not in ("dcut", "constant", "heuristic"):
-        raise ValueError(f"Batched speculative decoding runs the 'dcut', 'constant' or 'heuristic' schedule, not {schedule!r}")
-    policy = f"fixed-{int(drafter.generation_config.num_assistant_tokens)}" if schedule == "constant" else schedule
     attention_mask = model_kwargs.get("attention_mask")
     rows = [ids[attention_mask[r].bool()] if attention_mask is not None else ids for r, ids in enumerate(input_ids)]
     eos = generation_config.eos_token_id
@@ -87,7 +83,7 @@ def batched_speculative_decoding(
         )
         for row in rows
     ]
-    engine = SpeculativeEngine(target, drafter, policy=policy, max_batch_size=len(requests), tokenizer=tokenizer)
+    engine = SpeculativeEngine(target, drafter, max_batch_size=len(requests), tokenizer=tokenizer)  # the drafter's policy
     outputs = engine.generate(requests)
     errors = [output.error for output in outputs if output.error]
     if errors:

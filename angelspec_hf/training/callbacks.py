@@ -7,16 +7,21 @@ import time
 import torch
 from transformers import TrainerCallback
 
+from ..generation.policies import Constant
 from ..metrics import SpeculationStats, SpeculativeAcceptance
 
 
 @torch.no_grad()
 def measure_acceptance(target, drafter, prompts: list[torch.Tensor], max_new_tokens: int) -> SpeculationStats:
-    """Greedy speculative decoding of each prompt, every round verifying all the drafter drafts (so acceptance is
-    measured at every depth, whatever schedule the drafter is set to); the pooled acceptance statistics."""
-    was_training, schedule = drafter.training, drafter.generation_config.num_assistant_tokens_schedule
+    """Greedy speculative decoding of each prompt under the `constant` policy, every round verifying all the drafter
+    drafts (so acceptance is measured at every depth, whatever policy the drafter is set to); the pooled acceptance
+    statistics. The drafter's own policy settings are restored afterwards."""
+    config = drafter.generation_config
+    measuring = Constant(int(config.num_assistant_tokens)).generation_settings()
+    saved = {key: getattr(config, key) for key in measuring}
+    was_training = drafter.training
     drafter.eval()
-    drafter.generation_config.num_assistant_tokens_schedule = "constant"
+    config.update(**measuring)
     pooled = SpeculationStats()
     try:
         for input_ids in prompts:
@@ -24,7 +29,7 @@ def measure_acceptance(target, drafter, prompts: list[torch.Tensor], max_new_tok
             pooled = pooled + drafter.speculation_stats
     finally:
         drafter.train(was_training)
-        drafter.generation_config.num_assistant_tokens_schedule = schedule
+        config.update(**saved)
     return pooled
 
 

@@ -14,8 +14,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -53,11 +52,10 @@ class DraftPredictions(ModelOutput):
 class DraftState:
     """A drafter's per-generation state: its KV cache (one ragged row per sequence) and how many columns are
     committed (verified context); the columns after them hold the last round's speculative drafts, dropped when
-    the next round begins. `phase_seconds` accumulates time per drafting phase for the benchmark."""
+    the next round begins."""
 
     cache: RaggedCache
     num_committed: int = 0
-    phase_seconds: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
 
     def begin_round(self) -> None:
         """Drop the last round's speculative columns."""
@@ -253,10 +251,19 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         self.generation_config = GenerationConfig(
             num_assistant_tokens=self.default_num_draft_tokens(), num_assistant_tokens_schedule="dcut"
         )
+        # Set by decoding, read by users and benchmarks (typed in words: the remote-code copy of this file ships
+        # without the generation modules): D-cut's `ConfidenceCalibrator`, kept across `generate()` calls so it
+        # follows acceptance drift (`generation.policies.DCut`), and the last call's `SpeculationStats`.
+        self.dcut_calibrator = None
+        self.speculation_stats = None
 
     def default_num_draft_tokens(self) -> int:
         """Draft tokens per round unless `generation_config.num_assistant_tokens` says otherwise."""
         raise NotImplementedError
+
+    def max_num_draft_tokens(self) -> int | None:
+        """Most tokens one round can draft (None: no limit)."""
+        return None
 
     def target_hidden_state_indices(self) -> list[int]:
         """Indices into the target's `hidden_states` (0 = embeddings, i + 1 = output of layer i) that condition drafts."""
@@ -266,6 +273,46 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         """The conditioning states plus, last, the target's final (normed) state, whose lm_head is the teacher."""
         final = self.config.target_num_hidden_layers
         return [i for i in self.target_hidden_state_indices() if i != final] + [final]
+
+    # -- the drafter contract: what the Trainer and the decoding loops call -------------------------------------------
+
+    def forward(
+        self,
+        target_hidden: torch.Tensor,
+        input_ids: torch.LongTensor,
+        position_ids: torch.LongTensor,
+        document_ids: torch.LongTensor,
+        loss_mask: torch.Tensor,
+    ) -> DraftPredictions:
+        """Training forward on packed rows, drafting as inference does.
+
+        `target_hidden` [B, S, T, H]: the target states at `training_hidden_state_indices()` (S of them, the final
+        normed state last, whose lm_head is the teacher); `input_ids`, `position_ids` (restarting per document),
+        `document_ids` [B, T]; `loss_mask` [B, T]: 1 on response tokens, the only ones predicted. In eval mode the
+        predictions are the greedy draft chains that the offline acceptance estimate walks.
+        """
+        raise NotImplementedError
+
+    def propose(
+        self,
+        state: DraftState,
+        target_hidden: tuple[torch.Tensor, ...],
+        new_token_ids: torch.LongTensor,
+        num_tokens: int,
+        choose: Callable[[torch.Tensor], torch.LongTensor],
+        keep_drafting: Callable[[], bool] | None = None,
+        new_lengths: torch.LongTensor | None = None,
+    ) -> tuple[torch.LongTensor, torch.Tensor]:
+        """One drafting round for B rows, after the target verified some tokens of each.
+
+        `target_hidden`: one [B, N, H] tensor per index of `target_hidden_state_indices()`, the target states of
+        the N newly verified positions; `new_token_ids` [B, N]: the token after each (the last real one is the bonus
+        token); in a ragged batch only the first `new_lengths[r]` columns of row r are real. `choose` maps
+        draft-vocabulary logits [B, V_draft] to draft-vocabulary ids [B] (argmax or a draw, see `DraftRound`);
+        `keep_drafting`, when given, is asked before each further sequential step and ends the round when it says
+        no. Returns target-vocabulary ids [B, K] and their draft logits [B, K, V_draft], K <= `num_tokens`.
+        """
+        raise NotImplementedError
 
     def draft_position_weights(self) -> torch.Tensor:
         """Loss weight of draft position k = 1..K."""
@@ -428,7 +475,8 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
     # -- checkpoints ----------------------------------------------------------------------------------------------
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
-        """Save weights and config (never the target's embedding or lm_head), atomically, with remote code.
+        """Save weights, config and generation config (the drafting settings `generate()` reads: verify policy and
+        tokens per round) — never the target's embedding or lm_head — atomically, with remote code.
 
         Files are written to a staging folder beside `save_directory` and moved in only once all exist, config
         last, so an interrupted save never leaves a half-written checkpoint. The folder also gets the drafter's
@@ -440,6 +488,7 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         staging = tempfile.mkdtemp(prefix=f".{os.path.basename(save_directory)}.saving-", dir=parent)
         try:
             super().save_pretrained(staging, *args, **kwargs)
+            self.generation_config.save_pretrained(staging)  # transformers saves it only for models that generate
             self._write_remote_code(staging)
             os.makedirs(save_directory, exist_ok=True)
             names = sorted(os.listdir(staging), key=lambda name: name == "config.json")
@@ -493,6 +542,10 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
             if type(error).__name__ == "SafetensorError":
                 raise ValueError(f"Corrupt weights file in drafter checkpoint {path!r}: {error}") from error
             raise
+        try:  # transformers loads it only for models that generate
+            model.generation_config = GenerationConfig.from_pretrained(pretrained_model_name_or_path)
+        except OSError:  # saved before drafters kept their drafting settings: the defaults
+            pass
         problems = [
             f"{kind} tensors: {', '.join(sorted(loading_info[f'{kind}_keys']))}"
             for kind in ("missing", "unexpected")

@@ -13,7 +13,6 @@ With `per_layer_context_mix=False` (ctx = RMSNorm(FC(concat H)) for every layer)
 
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import torch
@@ -108,6 +107,9 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
             init.zeros_(module.weight)
 
     def default_num_draft_tokens(self) -> int:
+        return self.config.block_size - 1
+
+    def max_num_draft_tokens(self) -> int:
         return self.config.block_size - 1
 
     def draft_layers(self) -> list[nn.Module]:
@@ -267,9 +269,15 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
 
     @torch.no_grad()
     def propose(
-        self, state: DraftState, target_hidden, new_token_ids, num_tokens: int, choose, keep_drafting=None,
-        new_lengths=None,
-    ):
+        self,
+        state: DraftState,
+        target_hidden: tuple[torch.Tensor, ...],
+        new_token_ids: torch.LongTensor,
+        num_tokens: int,
+        choose: Callable[[torch.Tensor], torch.LongTensor],
+        keep_drafting: Callable[[], bool] | None = None,
+        new_lengths: torch.LongTensor | None = None,
+    ) -> tuple[torch.LongTensor, torch.Tensor]:
         """Draft up to `block_size - 1` tokens after the verified sequence of every row in one backbone forward.
 
         `target_hidden` holds the tapped states of the newly verified positions, `new_token_ids` the tokens after
@@ -280,7 +288,6 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
         """
         if num_tokens > self.config.block_size - 1:
             raise ValueError(f"num_tokens {num_tokens} exceeds the block of {self.config.block_size} (anchor included)")
-        start = time.perf_counter()
         cache, block = state.cache, self.config.block_size
         state.begin_round()  # drops the last round's block
         batch, count = new_token_ids.shape
@@ -296,12 +303,7 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
         cache.append(new_valid.new_ones(batch, block))
         mask = cache.attention_mask(block, causal=False)  # bidirectional inside the block
         hidden = self.run_block(self.embed_tokens(self.block_ids(anchor)), positions, mask, cache.cache)
-        hidden = hidden[:, 1 : num_tokens + 1]
-        backbone_done = time.perf_counter()
-        state.phase_seconds["draft_backbone"] += backbone_done - start
-        draft_ids, draft_logits = self.draft_tokens(hidden, anchor, choose, keep_drafting)
-        state.phase_seconds["draft_head"] += time.perf_counter() - backbone_done
-        return draft_ids, draft_logits
+        return self.draft_tokens(hidden[:, 1 : num_tokens + 1], anchor, choose, keep_drafting)
 
     def draft_tokens(self, hidden: torch.Tensor, anchor: torch.LongTensor, choose, keep_drafting=None) -> tuple[torch.LongTensor, torch.Tensor]:
         """Tokens of the block positions from their backbone states: vectorised for DFlash, sequential through the

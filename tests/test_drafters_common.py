@@ -1,0 +1,159 @@
+"""What every drafter family must do, tested the same way for each (as transformers' `ModelTesterMixin`): MTP,
+DFly and the DFlash configuration of DFly. Family-specific behaviour is in test_modeling_mtp.py / _dfly.py."""
+
+import copy
+import glob
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ARCHITECTURES, make_target
+from transformers import AutoConfig, AutoModel
+
+from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
+from angelspec_hf.generation.engine import Request, SpeculativeEngine
+
+CARDS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model_cards")
+
+
+class DrafterTesterMixin:
+    """Subclasses name the family (`drafter_class`, `drafter_kwargs`); every test here runs for each."""
+
+    drafter_class: type
+    drafter_kwargs: dict
+
+    def make(self, target, tokenizer=None, **overrides):
+        torch.manual_seed(0)
+        return self.drafter_class.from_target(target, tokenizer, **{**self.drafter_kwargs, **overrides})
+
+    def test_save_and_load_round_trip_with_generation_config(self, tmp_path):
+        target = make_target("qwen2", num_hidden_layers=4)
+        drafter = self.make(target, draft_vocab_size=40)
+        drafter.init_draft_vocab(torch.arange(target.config.vocab_size).double(), always_keep=[0])
+        drafter.generation_config.update(num_assistant_tokens=2, num_assistant_tokens_schedule="heuristic")
+        with torch.no_grad():  # no zero-initialised parameter may hide a tensor that is not saved or loaded
+            for parameter in drafter.parameters():
+                parameter.normal_(0.0, 0.02)
+        drafter.save_pretrained(tmp_path)
+        assert isinstance(AutoConfig.from_pretrained(tmp_path), type(drafter.config))
+        loaded = AutoModel.from_pretrained(tmp_path, dtype=torch.float64)
+        assert type(loaded) is self.drafter_class
+        provenance = {"_name_or_path", "auto_map", "transformers_version", "dtype", "target_config"}
+        saved, restored = (
+            {key: value for key, value in model.config.to_dict().items() if key not in provenance} for model in (drafter, loaded)
+        )
+        assert restored == saved and loaded.config.target_config["hidden_size"] == target.config.hidden_size
+        assert loaded.generation_config.num_assistant_tokens == 2
+        assert loaded.generation_config.num_assistant_tokens_schedule == "heuristic"
+        for (name, ours), (_, theirs) in zip(drafter.state_dict().items(), loaded.state_dict().items()):
+            torch.testing.assert_close(ours, theirs, msg=name)
+        prompt = torch.tensor([[3, 5, 7, 9]])
+        expected = target.generate(prompt, max_new_tokens=12, do_sample=False)
+        assert torch.equal(target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=loaded), expected)
+
+    def test_loads_with_remote_code_where_the_package_is_missing(self, tmp_path):
+        self.make(make_target("llama", num_hidden_layers=4), draft_vocab_size=32).save_pretrained(tmp_path)
+        code = (
+            "import sys; sys.modules['angelspec_hf'] = None\n"  # the package cannot be imported
+            "from transformers import AutoModel\n"
+            f"model = AutoModel.from_pretrained({str(tmp_path)!r}, trust_remote_code=True)\n"
+            "print(type(model).__name__, type(model).__module__.startswith('transformers_modules'))\n"
+        )
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.split()[-2:] == [self.drafter_class.__name__, "True"]
+
+    def test_a_mismatched_target_is_refused_with_a_clear_error(self):
+        drafter = self.make(make_target("llama", num_hidden_layers=4, seed=0))
+        with pytest.raises(ValueError, match="hidden_size"):
+            drafter.bind_target(make_target("llama", num_hidden_layers=4, hidden_size=32, head_dim=8))
+        with pytest.raises(ValueError, match="model_type"):
+            drafter.bind_target(make_target("qwen2", num_hidden_layers=4, seed=0))
+        with pytest.raises(ValueError, match="embedding differs"):
+            drafter.bind_target(make_target("llama", num_hidden_layers=4, seed=1))  # same shapes, other weights
+        with pytest.raises(ValueError, match="does not match the target"):
+            make_target("llama", num_hidden_layers=4, seed=1).generate(
+                torch.tensor([[1, 2]]), max_new_tokens=2, assistant_model=drafter
+            )
+
+    def test_a_different_tokenizer_is_refused(self, smollm2_tokenizer):
+        target = make_target("llama", num_hidden_layers=4, vocab_size=len(smollm2_tokenizer))
+        drafter = self.make(target, smollm2_tokenizer)
+        drafter.bind_target(target, smollm2_tokenizer)  # the right one is accepted
+        other = copy.deepcopy(smollm2_tokenizer)
+        other.add_special_tokens({"additional_special_tokens": ["<|tool|>"]})
+        with pytest.raises(ValueError, match="tokenizer differs"):
+            drafter.bind_target(target, other)
+
+    def test_an_interrupted_save_leaves_the_previous_checkpoint_intact(self, tmp_path, monkeypatch):
+        drafter = self.make(make_target("llama", num_hidden_layers=4))
+        drafter.save_pretrained(tmp_path)
+        before = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}
+        with torch.no_grad():
+            next(drafter.parameters()).add_(1.0)
+
+        def crash(*args, **kwargs):
+            raise KeyboardInterrupt("power cut while writing weights")
+
+        monkeypatch.setattr("transformers.modeling_utils.safe_save_file", crash)
+        with pytest.raises(KeyboardInterrupt):
+            drafter.save_pretrained(tmp_path)
+        assert {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)} == before
+        assert not [name for name in os.listdir(tmp_path.parent) if ".saving-" in name]
+
+    @pytest.mark.parametrize("model_type", ARCHITECTURES)
+    def test_greedy_output_is_the_targets_for_every_architecture(self, model_type):
+        target = make_target(model_type, num_hidden_layers=4, seed=3)
+        drafter = self.make(target)
+        for schedule in ("dcut", "constant", "heuristic"):
+            drafter.generation_config.num_assistant_tokens_schedule = schedule
+            for prompt in (torch.tensor([[7]]), torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])):
+                expected = target.generate(prompt, max_new_tokens=20, do_sample=False)
+                output = target.generate(prompt, max_new_tokens=20, do_sample=False, assistant_model=drafter)
+                assert torch.equal(output, expected), (model_type, schedule)
+
+    def test_a_batch_decodes_as_each_request_alone(self):
+        target = make_target("llama", num_hidden_layers=4, seed=5)
+        drafter = self.make(target)
+        prompts = [[5, 6, 7], [9], [1, 2, 3, 4, 5, 6, 7, 8, 9], [44, 2]]
+        solo = [target.generate(torch.tensor([p]), max_new_tokens=15, do_sample=False)[0, len(p) :].tolist() for p in prompts]
+        engine = SpeculativeEngine(target, drafter, max_batch_size=3)
+        outputs = engine.generate([Request(p, max_new_tokens=15) for p in prompts])
+        assert [o.output_ids for o in outputs] == solo
+
+
+class TestMTP(DrafterTesterMixin):
+    drafter_class = AngelSpecMTPDrafter
+    drafter_kwargs = dict(num_depths=3)
+
+
+class TestDFly(DrafterTesterMixin):
+    drafter_class = DFlyDrafter
+    drafter_kwargs = dict(block_size=6, num_draft_layers=2, mask_token_id=5, num_target_layers_tapped=2)
+
+
+class TestDFlash(DrafterTesterMixin):
+    drafter_class = DFlyDrafter
+    drafter_kwargs = dict(
+        block_size=6, num_draft_layers=2, mask_token_id=5, num_target_layers_tapped=2, per_layer_context_mix=False,
+        ar_head=False,
+    )
+
+
+@pytest.mark.parametrize("card", sorted(os.path.basename(os.path.dirname(p)) for p in glob.glob(f"{CARDS}/*/config.json")))
+def test_model_card_remote_code_is_the_package_source(card, tmp_path):
+    """Each card's remote-code files are exactly what the package writes today: regenerated into a scratch folder
+    from the card's own config, and compared file by file."""
+    shutil.copy(os.path.join(CARDS, card, "config.json"), tmp_path)
+    config = AutoConfig.from_pretrained(tmp_path)
+    drafter = AutoModel.from_config(config)
+    drafter._write_remote_code(str(tmp_path))
+    written = sorted(name for name in os.listdir(tmp_path) if name.endswith(".py"))
+    shipped = sorted(name for name in os.listdir(os.path.join(CARDS, card)) if name.endswith(".py"))
+    assert written == shipped
+    for name in written:
+        with open(tmp_path / name) as ours, open(os.path.join(CARDS, card, name)) as theirs:
+            assert ours.read() == theirs.read(), f"{card}/{name} differs from the package: refresh the card's remote code"
