@@ -21,6 +21,8 @@ demo: install
 	$(PYTHON) -m angelspec_hf.cli demo
 
 test: install
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS)
 
 bench: install

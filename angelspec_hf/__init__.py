@@ -5,11 +5,12 @@ Importing the package registers the drafters with the transformers Auto classes 
 batched engine).
 """
 
-from .generation import install as _install_generation
 from .generation import Request, RequestOutput, SpeculativeEngine, speculative_generate
+from .generation import install as _install_generation
 from .metrics import SpeculationStats
 from .models import AngelSpecMTPConfig, AngelSpecMTPDrafter, DFlyConfig, DFlyDrafter
 from .targets import load_target, tokenizer_fingerprint
+
 
 _install_generation()
 

@@ -25,9 +25,17 @@ def _regenerate(args: argparse.Namespace) -> None:
 
     target = load_target(args.target)
     records = regenerate_responses(
-        target.model, target.tokenizer, args.sources.split(","), args.output, data_dir=args.data_dir,
-        limit_per_source=args.limit_per_source, max_prompt_tokens=args.max_prompt_tokens,
-        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, temperature=args.temperature, seed=args.seed,
+        target.model,
+        target.tokenizer,
+        args.sources.split(","),
+        args.output,
+        data_dir=args.data_dir,
+        limit_per_source=args.limit_per_source,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        temperature=args.temperature,
+        seed=args.seed,
     )
     print(f"{len(records)} responses in {args.output}")
     bound = args.batch_size / load_cost_model(target.model, rows=profiled_rows(args.batch_size))(args.batch_size, 1)
@@ -42,9 +50,15 @@ def _teacher_forced(args: argparse.Namespace) -> None:
 
     python_source = sysconfig.get_paths()["stdlib"] if args.python_source == "stdlib" else args.python_source
     records = teacher_forced_responses(
-        load_target_tokenizer(args.target), [s for s in args.sources.split(",") if s], args.output,
-        data_dir=args.data_dir, limit_per_source=args.limit_per_source, max_prompt_tokens=args.max_prompt_tokens,
-        max_response_tokens=args.max_response_tokens, python_source=python_source, chunk_tokens=args.chunk_tokens,
+        load_target_tokenizer(args.target),
+        [s for s in args.sources.split(",") if s],
+        args.output,
+        data_dir=args.data_dir,
+        limit_per_source=args.limit_per_source,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_response_tokens=args.max_response_tokens,
+        python_source=python_source,
+        chunk_tokens=args.chunk_tokens,
     )
     tokens = sum(len(record["response_ids"]) for record in records)
     print(f"{len(records)} teacher-forced responses, {tokens} response tokens, in {args.output}")
@@ -78,8 +92,12 @@ def _demo(args: argparse.Namespace) -> None:
         target.model, target.tokenizer, drafter_methods("drafter", drafter), prompts, args.max_new_tokens
     )
     input_ids = torch.tensor([encode_chat(target.tokenizer, prompts[0])])
-    sample = target.model.generate(input_ids, assistant_model=drafter, max_new_tokens=args.max_new_tokens, do_sample=False)
-    print(f"\nPrompt: {prompts[0]}\nSmolLM2 + MTP drafter: {target.tokenizer.decode(sample[0, input_ids.shape[1]:], skip_special_tokens=True)}\n")
+    sample = target.model.generate(
+        input_ids, assistant_model=drafter, max_new_tokens=args.max_new_tokens, do_sample=False
+    )
+    print(
+        f"\nPrompt: {prompts[0]}\nSmolLM2 + MTP drafter: {target.tokenizer.decode(sample[0, input_ids.shape[1] :], skip_special_tokens=True)}\n"
+    )
     print(format_table(results))
     speculative = results["methods"][1]
     print(
@@ -126,7 +144,13 @@ def _batch(args: argparse.Namespace) -> None:
     rows = load_prompts(args.prompts, data_dir=args.data_dir, limit=args.limit)
     sampling = {"do_sample": True, "temperature": args.temperature} if args.temperature > 0 else {}
     requests = [
-        Request(encode_chat(target.tokenizer, row["prompt"]), max_new_tokens=args.max_new_tokens, seed=args.seed + i, request_id=i, **sampling)
+        Request(
+            encode_chat(target.tokenizer, row["prompt"]),
+            max_new_tokens=args.max_new_tokens,
+            seed=args.seed + i,
+            request_id=i,
+            **sampling,
+        )
         for i, row in enumerate(rows)
     ]
     engine = SpeculativeEngine(target.model, drafter, policy=args.policy, max_batch_size=args.concurrency)
@@ -135,8 +159,11 @@ def _batch(args: argparse.Namespace) -> None:
     with open(args.output, "w") as handle:
         for row, output in zip(rows, outputs):
             record = {
-                "prompt": row["prompt"], "response": target.tokenizer.decode(output.output_ids, skip_special_tokens=True),
-                "new_tokens": len(output.output_ids), "finish_reason": output.finish_reason, "error": output.error,
+                "prompt": row["prompt"],
+                "response": target.tokenizer.decode(output.output_ids, skip_special_tokens=True),
+                "new_tokens": len(output.output_ids),
+                "finish_reason": output.finish_reason,
+                "error": output.error,
                 "tau": output.stats.tau,
             }
             handle.write(json.dumps(record) + "\n")
@@ -148,7 +175,10 @@ def _batch(args: argparse.Namespace) -> None:
 
 
 DEFAULT_HELDOUT = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "smollm2-135m-instruct", "heldout_responses.jsonl.gz"
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    "data",
+    "smollm2-135m-instruct",
+    "heldout_responses.jsonl.gz",
 )
 
 
@@ -165,15 +195,26 @@ def _estimate(args: argparse.Namespace) -> None:
     drafter = AutoModel.from_pretrained(args.drafter).eval().bind_target(target.model, target.tokenizer)
     sources = args.sources.split(",") if args.sources else None
     dataset = build_training_dataset(args.responses, args.max_length, sources=sources)
-    dataset = precompute_hidden_states(dataset, target.model, drafter.training_hidden_state_indices(), args.hidden_cache_dir)
+    dataset = precompute_hidden_states(
+        dataset, target.model, drafter.training_hidden_state_indices(), args.hidden_cache_dir
+    )
     batches = DataLoader(dataset, batch_size=4, collate_fn=PackedCollator())
     metrics = estimate_acceptance(drafter, batches, num_draft_tokens=args.num_draft_tokens)
     depths = args.num_draft_tokens or drafter.generation_config.num_assistant_tokens
     print(f"{metrics['documents']} responses, {metrics['rounds']} rounds of greedy decoding, offline")
-    print(f"τ {metrics['tau']:.3f}; by draft length: " + " ".join(f"{d}:{metrics[f'tau_depth_{d}']:.2f}" for d in range(1, depths + 1)))
-    print("acceptance by depth: " + " ".join(f"{metrics.get(f'acceptance_depth_{d}', 0.0):.2f}" for d in range(1, depths + 1)))
+    print(
+        f"τ {metrics['tau']:.3f}; by draft length: "
+        + " ".join(f"{d}:{metrics[f'tau_depth_{d}']:.2f}" for d in range(1, depths + 1))
+    )
+    print(
+        "acceptance by depth: "
+        + " ".join(f"{metrics.get(f'acceptance_depth_{d}', 0.0):.2f}" for d in range(1, depths + 1))
+    )
     for n in (1, 2, 4, 8):
-        print(f"top-{n} recall by depth: " + " ".join(f"{metrics[f'recall_top{n}_depth_{d}']:.2f}" for d in range(1, depths + 1)))
+        print(
+            f"top-{n} recall by depth: "
+            + " ".join(f"{metrics[f'recall_top{n}_depth_{d}']:.2f}" for d in range(1, depths + 1))
+        )
     if args.output:
         with open(args.output, "w") as handle:
             json.dump({"command": args.command_line, "drafter": args.drafter, **metrics}, handle, indent=1)
@@ -197,7 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     regenerate = commands.add_parser("regenerate", help="regenerate training responses with the target itself")
     regenerate.add_argument("--target", default="smollm2")
-    regenerate.add_argument("--sources", required=True, help="comma-separated prompt sets, e.g. alpaca_eval,arena_hard")
+    regenerate.add_argument(
+        "--sources", required=True, help="comma-separated prompt sets, e.g. alpaca_eval,arena_hard"
+    )
     regenerate.add_argument("--output", required=True, help="gzipped JSONL file, appended to (resumable)")
     regenerate.add_argument("--data-dir", default=None)
     regenerate.add_argument("--limit-per-source", type=positive_int, default=None)
@@ -213,14 +256,18 @@ def build_parser() -> argparse.ArgumentParser:
         "teacher-forced", help="existing text (prompt sets' own answers, Python sources) as training responses"
     )
     teacher_forced.add_argument("--target", default="smollm2", help="whose tokenizer and chat template")
-    teacher_forced.add_argument("--sources", default="", help="comma-separated prompt sets with answers, e.g. gsm8k_train")
+    teacher_forced.add_argument(
+        "--sources", default="", help="comma-separated prompt sets with answers, e.g. gsm8k_train"
+    )
     teacher_forced.add_argument("--python-source", default=None, help="a folder of .py files ('stdlib': Python's own)")
     teacher_forced.add_argument("--output", required=True, help="gzipped JSONL file (replaced)")
     teacher_forced.add_argument("--data-dir", default=None)
     teacher_forced.add_argument("--limit-per-source", type=positive_int, default=None)
     teacher_forced.add_argument("--max-prompt-tokens", type=positive_int, default=384)
     teacher_forced.add_argument("--max-response-tokens", type=positive_int, default=1024)
-    teacher_forced.add_argument("--chunk-tokens", type=positive_int, default=768, help="tokens per Python-source response")
+    teacher_forced.add_argument(
+        "--chunk-tokens", type=positive_int, default=768, help="tokens per Python-source response"
+    )
     teacher_forced.set_defaults(func=_teacher_forced)
     regenerate.set_defaults(func=_regenerate)
 
@@ -231,7 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-new-tokens", type=positive_int, default=128)
     demo.set_defaults(func=_demo)
 
-    profile = commands.add_parser("profile", help="(re-)profile the target's verify-forward latency on this machine for D-cut")
+    profile = commands.add_parser(
+        "profile", help="(re-)profile the target's verify-forward latency on this machine for D-cut"
+    )
     profile.add_argument("--target", default="smollm2")
     profile.add_argument(
         "--rows", type=positive_int_list, default="1,2,4,8,16,32,64", help="comma-separated batch sizes to profile"
@@ -250,7 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--policy", type=policy, default="dcut", help="verify policy: dcut, heuristic or constant-K")
     batch.add_argument("--max-new-tokens", type=positive_int, default=128)
     batch.add_argument(
-        "--temperature", type=temperature, default=0.0,
+        "--temperature",
+        type=temperature,
+        default=0.0,
         help="0 (default): greedy decoding; > 0: sample at this temperature",
     )
     batch.add_argument("--seed", type=int, default=0)
@@ -262,7 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     estimate.add_argument("--drafter", required=True)
     estimate.add_argument("--target", default="smollm2")
-    estimate.add_argument("--responses", default=DEFAULT_HELDOUT, help="held-out target responses (angelspec regenerate)")
+    estimate.add_argument(
+        "--responses", default=DEFAULT_HELDOUT, help="held-out target responses (angelspec regenerate)"
+    )
     estimate.add_argument("--sources", default=None, help="only these sources of the responses file, comma-separated")
     estimate.add_argument("--num-draft-tokens", type=positive_int, default=None, help="default: the drafter's own")
     estimate.add_argument("--max-length", type=positive_int, default=1024, help="tokens per packed row")
@@ -270,7 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("--output", default=None, help="JSON file of the metrics")
     estimate.set_defaults(func=_estimate)
 
-    curve = commands.add_parser("curve", help="offline τ of training runs against CPU-hours and tokens: table and plot")
+    curve = commands.add_parser(
+        "curve", help="offline τ of training runs against CPU-hours and tokens: table and plot"
+    )
     curve.add_argument("runs", nargs="+", help="training output folders (their trainer_state.json)")
     curve.add_argument("--labels", default=None, help="comma-separated, one per run (default: the folder names)")
     curve.add_argument("--target-tau", type=float, default=None, help="draw this τ as a line")
@@ -279,7 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .benchmark import suite
 
-    suite_parser = commands.add_parser("suite", help="every method on every domain, plus the batched engine: JSON, Markdown, plots")
+    suite_parser = commands.add_parser(
+        "suite", help="every method on every domain, plus the batched engine: JSON, Markdown, plots"
+    )
     suite.add_arguments(suite_parser)
     suite_parser.set_defaults(func=lambda args: suite.main(args))
 
@@ -394,7 +451,9 @@ def main(argv: list[str] | None = None) -> None:
     except UsageError as error:
         print(f"angelspec {args.command}: error: {error}", file=sys.stderr)
         sys.exit(2)
-    threads = [f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"] if "OMP_NUM_THREADS" in os.environ else []  # timings depend on it
+    threads = (
+        [f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"] if "OMP_NUM_THREADS" in os.environ else []
+    )  # timings depend on it
     args.command_line = " ".join([*threads, "angelspec", *argv])
     args.func(args)
 

@@ -44,7 +44,10 @@ class SpeculationStats:
         for name, seconds in other.phase_seconds.items():
             phases[name] = phases.get(name, 0.0) + seconds
         return SpeculationStats(
-            self.drafted + other.drafted, self.accepted + other.accepted, self.draft_seconds + other.draft_seconds, phases
+            self.drafted + other.drafted,
+            self.accepted + other.accepted,
+            self.draft_seconds + other.draft_seconds,
+            phases,
         )
 
     @property

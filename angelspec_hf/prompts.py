@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+
 if TYPE_CHECKING:
     import datasets
 
@@ -53,36 +54,69 @@ def _mbpp_prompt(record: dict) -> str:
 
 PROMPT_SETS: dict[str, PromptSet] = {
     "mt_bench": PromptSet(
-        "mt_bench/question.jsonl", "HuggingFaceH4/mt_bench_prompts", None, "train", _first_turn,
+        "mt_bench/question.jsonl",
+        "HuggingFaceH4/mt_bench_prompts",
+        None,
+        "train",
+        _first_turn,
         category=lambda r: r["category"],
     ),
     "spec_bench": PromptSet(
-        "spec_bench/question.jsonl", "hemingkx/Spec-Bench", None, "test", _first_turn,
+        "spec_bench/question.jsonl",
+        "hemingkx/Spec-Bench",
+        None,
+        "test",
+        _first_turn,
         category=lambda r: r["category"],
     ),
     "alpaca_eval": PromptSet(
-        "alpaca_eval/model_outputs.json", "tatsu-lab/alpaca_eval", "alpaca_eval", "eval",
-        lambda r: r["instruction"], category=lambda r: r.get("dataset", ""), reference=lambda r: r["output"],
+        "alpaca_eval/model_outputs.json",
+        "tatsu-lab/alpaca_eval",
+        "alpaca_eval",
+        "eval",
+        lambda r: r["instruction"],
+        category=lambda r: r.get("dataset", ""),
+        reference=lambda r: r["output"],
     ),
     "arena_hard": PromptSet(
-        "arena_hard/arena-hard-v0.1/question.jsonl", "lmarena-ai/arena-hard-auto", None, "train",
+        "arena_hard/arena-hard-v0.1/question.jsonl",
+        "lmarena-ai/arena-hard-auto",
+        None,
+        "train",
         lambda r: r["prompt"] if "prompt" in r else r["turns"][0]["content"],
     ),
     "self_instruct": PromptSet(
-        "self_instruct/user_oriented_instructions.jsonl", "yizhongw/self_instruct", "human_eval", "train",
-        _instruction_with_input, reference=_first_instance_output,
+        "self_instruct/user_oriented_instructions.jsonl",
+        "yizhongw/self_instruct",
+        "human_eval",
+        "train",
+        _instruction_with_input,
+        reference=_first_instance_output,
     ),
     "self_instruct_seed": PromptSet(
-        "self_instruct/seed_tasks.jsonl", "yizhongw/self_instruct", "super_natural_instructions", "train",
-        _instruction_with_input, reference=_first_instance_output,
+        "self_instruct/seed_tasks.jsonl",
+        "yizhongw/self_instruct",
+        "super_natural_instructions",
+        "train",
+        _instruction_with_input,
+        reference=_first_instance_output,
     ),
     # No Hub data set is known to carry this file (it is in opencompass' git history): read from --data-dir only.
     "mtbench101": PromptSet(
-        "mtbench101/mtbench101.jsonl", None, None, "train", lambda r: r["history"][0]["user"],
-        category=lambda r: r["task"], reference=lambda r: r["history"][0]["bot"],
+        "mtbench101/mtbench101.jsonl",
+        None,
+        None,
+        "train",
+        lambda r: r["history"][0]["user"],
+        category=lambda r: r["task"],
+        reference=lambda r: r["history"][0]["bot"],
     ),
     "code_alpaca": PromptSet(
-        "code_alpaca/code_alpaca_2k.json", "sahil2801/CodeAlpaca-20k", None, "train", _instruction_with_input,
+        "code_alpaca/code_alpaca_2k.json",
+        "sahil2801/CodeAlpaca-20k",
+        None,
+        "train",
+        _instruction_with_input,
         reference=lambda r: r["output"],
     ),
     "gsm8k_train": PromptSet(
@@ -91,12 +125,21 @@ PROMPT_SETS: dict[str, PromptSet] = {
     "gsm8k_test": PromptSet("gsm8k/test.jsonl", "openai/gsm8k", "main", "test", lambda r: r["question"]),
     # MBPP's own split by task id: 11-510 test, 511-974 train.
     "mbpp_test": PromptSet(
-        "mbpp/mbpp.jsonl", "google-research-datasets/mbpp", "full", "test", _mbpp_prompt,
+        "mbpp/mbpp.jsonl",
+        "google-research-datasets/mbpp",
+        "full",
+        "test",
+        _mbpp_prompt,
         keep=lambda r: 11 <= r["task_id"] <= 510,
     ),
     "mbpp_train": PromptSet(
-        "mbpp/mbpp.jsonl", "google-research-datasets/mbpp", "full", "train", _mbpp_prompt,
-        keep=lambda r: 511 <= r["task_id"] <= 974, reference=lambda r: r["code"],
+        "mbpp/mbpp.jsonl",
+        "google-research-datasets/mbpp",
+        "full",
+        "train",
+        _mbpp_prompt,
+        keep=lambda r: 511 <= r["task_id"] <= 974,
+        reference=lambda r: r["code"],
     ),
 }
 
@@ -109,7 +152,10 @@ def default_data_dir() -> str | None:
     """`$ANGELSPEC_DATA_DIR`, else `../shared/data` beside the working directory or the package, if it exists."""
     candidates = [os.environ.get(DATA_DIR_ENV)]
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    candidates += [os.path.join(os.getcwd(), "..", "shared", "data"), os.path.join(package_root, "..", "shared", "data")]
+    candidates += [
+        os.path.join(os.getcwd(), "..", "shared", "data"),
+        os.path.join(package_root, "..", "shared", "data"),
+    ]
     for candidate in candidates:
         if candidate and os.path.isdir(candidate):
             return os.path.abspath(candidate)
@@ -244,7 +290,9 @@ def _load_set(source: str, data_dir: str | None) -> datasets.Dataset:
     if data_dir is not None and os.path.isfile(os.path.join(data_dir, spec.local_file)):
         raw = datasets.load_dataset("json", data_files=os.path.join(data_dir, spec.local_file), split="train")
     elif spec.hub_id is None:
-        raise FileNotFoundError(f"Prompt set {source!r} is read from {spec.local_file} under --data-dir; none was found")
+        raise FileNotFoundError(
+            f"Prompt set {source!r} is read from {spec.local_file} under --data-dir; none was found"
+        )
     else:
         raw = datasets.load_dataset(spec.hub_id, spec.hub_config, split=spec.hub_split)
     return raw.filter(spec.keep)

@@ -24,6 +24,7 @@ import time
 
 import yaml
 
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # One change from the config per rung (the config is the random-init baseline).
@@ -57,7 +58,8 @@ RUNGS = {
         "loss_kl": ["--loss_type", "kl"],
         "data_teacher_forced": ["--responses", "runs/data/tf_code_math_small.jsonl.gz"],
         "data_mixed": [
-            "--responses", "data/smollm2-135m-instruct/code_math_responses.jsonl.gz,runs/data/tf_code_math_small.jsonl.gz"
+            "--responses",
+            "data/smollm2-135m-instruct/code_math_responses.jsonl.gz,runs/data/tf_code_math_small.jsonl.gz",
         ],
     },
 }
@@ -71,8 +73,16 @@ TEACHER_FORCED = {
 
 
 def rung_command(config: str, output_dir: str, overrides: list[str], extra: list[str]) -> list[str]:
-    return [sys.executable, os.path.join(HERE, "train_drafter.py"), "--config", config, "--output_dir", output_dir,
-            *overrides, *extra]
+    return [
+        sys.executable,
+        os.path.join(HERE, "train_drafter.py"),
+        "--config",
+        config,
+        "--output_dir",
+        output_dir,
+        *overrides,
+        *extra,
+    ]
 
 
 def final_evaluation(output_dir: str) -> dict | None:
@@ -112,7 +122,9 @@ def main(argv: list[str]) -> None:
     os.makedirs(args.output, exist_ok=True)
     for path, command in TEACHER_FORCED.items():
         if any(path in part for name in names for part in rungs[name]) and not os.path.exists(path):
-            subprocess.run([os.path.join(os.path.dirname(sys.executable), command.split()[0]), *command.split()[1:]], check=True)
+            subprocess.run(
+                [os.path.join(os.path.dirname(sys.executable), command.split()[0]), *command.split()[1:]], check=True
+            )
 
     if args.prepare:  # one-step runs compute (or verify) the caches of the base and of each rung with its own data
         for overrides in [[]] + [rungs[name] for name in names if "--responses" in rungs[name]]:
@@ -131,7 +143,9 @@ def main(argv: list[str]) -> None:
             log = open(os.path.join(args.output, f"{name}.log"), "a")
             process = subprocess.Popen(
                 rung_command(args.config, os.path.join(args.output, name), rungs[name], budget),
-                env=one_thread, stdout=log, stderr=subprocess.STDOUT,
+                env=one_thread,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
             running.append((name, process, time.time()))
             print(f"started {name}", flush=True)
@@ -145,9 +159,13 @@ def main(argv: list[str]) -> None:
     results = {name: final_evaluation(os.path.join(args.output, name)) for name in rungs}
     results = {name: result for name, result in results.items() if result is not None or name in names}
     with open(os.path.join(args.output, "ladder.json"), "w") as handle:
-        json.dump({"config": args.config, "rungs": {n: rungs[n] for n in results}, "results": results}, handle, indent=1)
-    lines = ["| rung | steps | offline τ | τ by draft length | acceptance by depth | top-4 recall, depth 1 | eval loss |",
-             "| --- | ---: | ---: | --- | --- | ---: | ---: |"]
+        json.dump(
+            {"config": args.config, "rungs": {n: rungs[n] for n in results}, "results": results}, handle, indent=1
+        )
+    lines = [
+        "| rung | steps | offline τ | τ by draft length | acceptance by depth | top-4 recall, depth 1 | eval loss |",
+        "| --- | ---: | ---: | --- | --- | ---: | ---: |",
+    ]
     for name, result in sorted(results.items(), key=lambda item: -(item[1] or {}).get("eval_tau", 0)):
         if result is None:
             lines.append(f"| {name} | – | failed | | | | |")

@@ -13,6 +13,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -36,14 +37,18 @@ from angelspec_hf.training.regenerate import read_responses  # noqa: E402
 
 @dataclass
 class DrafterArguments:
-    target: str = field(default="smollm2", metadata={"help": "target: 'smollm2' (embedded), a folder, or dir::file.gguf"})
+    target: str = field(
+        default="smollm2", metadata={"help": "target: 'smollm2' (embedded), a folder, or dir::file.gguf"}
+    )
     drafter_type: str = field(default="mtp", metadata={"help": "mtp | dfly"})
     draft_vocab_size: int | None = field(default=None, metadata={"help": "reduced draft vocabulary size (None: full)"})
     loss_type: str = field(default="kl", metadata={"help": "kl | ce | tv | lk"})
     kl_top_k: int | None = field(default=None, metadata={"help": "distil only the teacher's top-k tokens"})
     lk_eta: float = field(default=3.0, metadata={"help": "η of the lk loss"})
     hidden_noise_std: float = field(default=0.0, metadata={"help": "noise on the target states read in training"})
-    warm_start: bool = field(default=False, metadata={"help": "draft layers and final norm copied from the target's last"})
+    warm_start: bool = field(
+        default=False, metadata={"help": "draft layers and final norm copied from the target's last"}
+    )
     zero_output_projections: bool = field(default=False, metadata={"help": "residual output projections start at 0"})
     target_layer_ids: list[int] | None = field(
         default=None, metadata={"help": "tapped target layers (MTP default: the last; DFly default: 5 spread out)"}
@@ -74,23 +79,39 @@ class DrafterArguments:
 
     def _new(self, target, tokenizer):
         common = dict(
-            draft_vocab_size=self.draft_vocab_size, loss_type=self.loss_type, kl_top_k=self.kl_top_k, lk_eta=self.lk_eta,
-            hidden_noise_std=self.hidden_noise_std, target_layer_ids=self.target_layer_ids,
+            draft_vocab_size=self.draft_vocab_size,
+            loss_type=self.loss_type,
+            kl_top_k=self.kl_top_k,
+            lk_eta=self.lk_eta,
+            hidden_noise_std=self.hidden_noise_std,
+            target_layer_ids=self.target_layer_ids,
         )
         if self.drafter_type == "mtp":
             return AngelSpecMTPDrafter.from_target(
-                target, tokenizer, num_depths=self.num_depths, training_time_test=self.training_time_test,
-                ttt_token_choice=self.ttt_token_choice, depth_loss_weights=self.depth_loss_weights,
-                hidden_regression_weight=self.hidden_regression_weight, **common,
+                target,
+                tokenizer,
+                num_depths=self.num_depths,
+                training_time_test=self.training_time_test,
+                ttt_token_choice=self.ttt_token_choice,
+                depth_loss_weights=self.depth_loss_weights,
+                hidden_regression_weight=self.hidden_regression_weight,
+                **common,
             )
         if self.drafter_type == "dfly":
             mask = self.mask_token_id
             if mask is None:
                 mask = tokenizer.unk_token_id if tokenizer.unk_token_id is not None else tokenizer.pad_token_id
             return DFlyDrafter.from_target(
-                target, tokenizer, block_size=self.block_size, num_draft_layers=self.num_draft_layers, mask_token_id=mask,
-                per_layer_context_mix=self.per_layer_context_mix, ar_head=self.ar_head,
-                position_decay_gamma=self.position_decay_gamma, anchors_per_row=self.anchors_per_row, **common,
+                target,
+                tokenizer,
+                block_size=self.block_size,
+                num_draft_layers=self.num_draft_layers,
+                mask_token_id=mask,
+                per_layer_context_mix=self.per_layer_context_mix,
+                ar_head=self.ar_head,
+                position_decay_gamma=self.position_decay_gamma,
+                anchors_per_row=self.anchors_per_row,
+                **common,
             )
         raise ValueError(f"drafter_type must be 'mtp' or 'dfly', got {self.drafter_type!r}")
 
@@ -104,7 +125,9 @@ class DataArguments:
     hidden_dtype: str = field(default="float16", metadata={"help": "storage dtype of offline states"})
     hidden_cache_indices: list[int] | None = field(
         default=None,
-        metadata={"help": "target hidden_states indices to cache (a superset of the drafter's: one cache, many drafters)"},
+        metadata={
+            "help": "target hidden_states indices to cache (a superset of the drafter's: one cache, many drafters)"
+        },
     )
     eval_responses: str | None = field(
         default=None,
@@ -170,14 +193,18 @@ def main(argv: list[str]) -> None:
             )
 
     # Each responses file is packed and cached on its own, so a mix of files reuses every file's cache.
-    dataset = concatenate_datasets([
-        with_hidden_states(build_training_dataset(path, data_args.max_length, seed=training_args.seed))
-        for path in data_args.responses.split(",")
-    ])
+    dataset = concatenate_datasets(
+        [
+            with_hidden_states(build_training_dataset(path, data_args.max_length, seed=training_args.seed))
+            for path in data_args.responses.split(",")
+        ]
+    )
     eval_dataset = None
     if data_args.eval_responses:
         sources = data_args.eval_response_sources.split(",") if data_args.eval_response_sources else None
-        eval_dataset = with_hidden_states(build_training_dataset(data_args.eval_responses, data_args.max_length, sources=sources))
+        eval_dataset = with_hidden_states(
+            build_training_dataset(data_args.eval_responses, data_args.max_length, sources=sources)
+        )
 
     trained_prompts = {record["prompt"] for record in records}
     held_back = [
@@ -188,7 +215,9 @@ def main(argv: list[str]) -> None:
     callbacks = [CpuClockCallback(data_args.max_cpu_minutes)]
     if held_back:
         callbacks.append(
-            AcceptanceCallback(target.model, held_back, data_args.eval_max_new_tokens, every_n_steps=data_args.eval_every_n_steps)
+            AcceptanceCallback(
+                target.model, held_back, data_args.eval_max_new_tokens, every_n_steps=data_args.eval_every_n_steps
+            )
         )
     trainer = AngelSpecTrainer(
         model=drafter,

@@ -4,5 +4,6 @@ import sys
 
 from train_drafter import main
 
+
 if __name__ == "__main__":
     main(sys.argv[1:])

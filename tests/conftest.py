@@ -3,6 +3,7 @@
 import os
 import tempfile
 
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Verify-cost profiles of the tiny targets go to a throwaway folder, not the user's cache.
 os.environ["ANGELSPEC_CACHE"] = tempfile.mkdtemp(prefix="angelspec-test-cache-")
@@ -13,6 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 import angelspec_hf  # noqa: E402,F401  (registers drafters, routes generate)
 
+
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one worker per core: more threads per worker would only oversubscribe
     torch.set_num_threads(1)
 
@@ -22,9 +24,18 @@ ARCHITECTURES = ["llama", "qwen2", "qwen3", "mistral"]
 def make_target(model_type: str = "llama", vocab_size: int = 96, seed: int = 0, dtype=torch.float64, **overrides):
     """A tiny random causal LM of `model_type`, in eval mode, frozen."""
     values = dict(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=0, eos_token_id=vocab_size - 1,
-        pad_token_id=vocab_size - 1, tie_word_embeddings=False,
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        bos_token_id=0,
+        eos_token_id=vocab_size - 1,
+        pad_token_id=vocab_size - 1,
+        tie_word_embeddings=False,
     )
     values.update(overrides)
     torch.manual_seed(seed)
@@ -46,3 +57,11 @@ def smollm2_tokenizer(tmp_path_factory):
     directory = tmp_path_factory.mktemp("smollm2_tokenizer")
     AutoTokenizer.from_pretrained(smollm2_directory(), gguf_file=SMOLLM2_GGUF_FILE).save_pretrained(directory)
     return AutoTokenizer.from_pretrained(directory)
+
+
+@pytest.fixture(scope="module")
+def chat_target(smollm2_tokenizer):
+    """A tiny Llama speaking the SmolLM2 vocabulary, so the real chat template applies."""
+    return make_target(
+        "llama", vocab_size=len(smollm2_tokenizer), dtype=torch.float32, seed=3, eos_token_id=2, pad_token_id=2
+    )

@@ -35,7 +35,9 @@ class SoloOracle:
                 drafting.probabilities[-1] = drafting.known_before[-1] = torch.tensor([self.rng.uniform(0.3, 1.0)])
                 return token
 
-        draft_ids, draft_logits = super().propose(state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting, new_lengths)
+        draft_ids, draft_logits = super().propose(
+            state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting, new_lengths
+        )
         self.last_state = state
         length = state.num_committed + 1
         correct = self.reference[0, length : length + self.rng.randint(0, draft_ids.shape[1])]
@@ -52,7 +54,9 @@ class BatchOracle:
     rng: random.Random
 
     def propose(self, state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting=None, new_lengths=None):
-        draft_ids, draft_logits = super().propose(state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting, new_lengths)
+        draft_ids, draft_logits = super().propose(
+            state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting, new_lengths
+        )
         for r, row in enumerate(self.engine.rows):
             done = len(row.output.output_ids)
             correct = self.references[row.request.request_id][done : done + self.rng.randint(0, draft_ids.shape[1])]
@@ -73,7 +77,13 @@ class FixedLawDrafting:
             return self.law.log().to(logits).expand_as(logits)
 
         draft_ids, draft_logits = super().propose(
-            state, target_hidden, new_token_ids, num_tokens, lambda logits: choose(fixed(logits)), keep_drafting, new_lengths
+            state,
+            target_hidden,
+            new_token_ids,
+            num_tokens,
+            lambda logits: choose(fixed(logits)),
+            keep_drafting,
+            new_lengths,
         )
         return draft_ids, fixed(draft_logits).clone()
 

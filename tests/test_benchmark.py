@@ -13,35 +13,73 @@ from angelspec_hf.cli import main as cli_main
 
 
 def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsys):
-    target = make_target("llama", vocab_size=len(smollm2_tokenizer), dtype=torch.float32, seed=2, eos_token_id=2, pad_token_id=2)
+    target = make_target(
+        "llama", vocab_size=len(smollm2_tokenizer), dtype=torch.float32, seed=2, eos_token_id=2, pad_token_id=2
+    )
     target.save_pretrained(tmp_path / "target")
     smollm2_tokenizer.save_pretrained(tmp_path / "target")
     AngelSpecMTPDrafter.from_target(target, smollm2_tokenizer, num_depths=3, draft_vocab_size=256).save_pretrained(
         tmp_path / "drafter"
     )
     DFlyDrafter.from_target(
-        target, smollm2_tokenizer, block_size=4, num_draft_layers=1, mask_token_id=0, per_layer_context_mix=False,
+        target,
+        smollm2_tokenizer,
+        block_size=4,
+        num_draft_layers=1,
+        mask_token_id=0,
+        per_layer_context_mix=False,
         ar_head=False,
     ).save_pretrained(tmp_path / "dflash")
     # A drafter trained for another target: reported as failed, the rest of the benchmark runs.
     other = make_target("llama", vocab_size=len(smollm2_tokenizer), dtype=torch.float32, hidden_size=32, head_dim=8)
     AngelSpecMTPDrafter.from_target(other, smollm2_tokenizer, num_depths=2).save_pretrained(tmp_path / "foreign")
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps({"prompt": "Say hello."}) + "\n" + json.dumps({"turns": ["Name a colour.", "Why?"]}) + "\n")
+    prompts.write_text(
+        json.dumps({"prompt": "Say hello."}) + "\n" + json.dumps({"turns": ["Name a colour.", "Why?"]}) + "\n"
+    )
     output = tmp_path / "results.json"
-    cli_main([
-        "bench", "--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"),
-        "--drafter", f"{tmp_path / 'dflash'}@constant-2,dcut,heuristic", "--drafter", str(tmp_path / "foreign"),
-        "--prompts", str(prompts), "--prompt-lookup", "3", "--early-exit-assistant", "1",
-        "--max-new-tokens", "12", "--full-vocab-variant", "--schedules", "dcut,constant-2,heuristic", "--markdown",
-        "--output", str(output),
-    ])
+    cli_main(
+        [
+            "bench",
+            "--target",
+            str(tmp_path / "target"),
+            "--drafter",
+            str(tmp_path / "drafter"),
+            "--drafter",
+            f"{tmp_path / 'dflash'}@constant-2,dcut,heuristic",
+            "--drafter",
+            str(tmp_path / "foreign"),
+            "--prompts",
+            str(prompts),
+            "--prompt-lookup",
+            "3",
+            "--early-exit-assistant",
+            "1",
+            "--max-new-tokens",
+            "12",
+            "--full-vocab-variant",
+            "--schedules",
+            "dcut,constant-2,heuristic",
+            "--markdown",
+            "--output",
+            str(output),
+        ]
+    )
     results = json.loads(output.read_text())
     by_name = {method["name"]: method for method in results["methods"]}
     assert list(by_name) == [
-        "ar", "prompt-lookup[3]", "assisted-heuristic:early-exit-1of2", "mtp:drafter[dcut]", "mtp:drafter[constant-2]", "mtp:drafter[heuristic]",
-        "mtp:drafter+full-vocab-head[dcut]", "dflash:dflash[constant-2]", "dflash:dflash[dcut]", "dflash:dflash[heuristic]",
-        "transformers-dflash:dflash", "foreign",
+        "ar",
+        "prompt-lookup[3]",
+        "assisted-heuristic:early-exit-1of2",
+        "mtp:drafter[dcut]",
+        "mtp:drafter[constant-2]",
+        "mtp:drafter[heuristic]",
+        "mtp:drafter+full-vocab-head[dcut]",
+        "dflash:dflash[constant-2]",
+        "dflash:dflash[dcut]",
+        "dflash:dflash[heuristic]",
+        "transformers-dflash:dflash",
+        "foreign",
     ]
     foreign = by_name.pop("foreign")
     assert foreign["failed"] and "hidden_size" in foreign["error"]
@@ -72,7 +110,9 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
     row = next(line for line in printed.splitlines() if line.startswith("| dflash:dflash[constant-2] |"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert len(cells) == len(METHOD_COLUMNS)
-    draft, target_share, other = (float(share) for share in cells[METHOD_COLUMNS.index("time: draft / target / other")].rstrip(" %").split(" / "))
+    draft, target_share, other = (
+        float(share) for share in cells[METHOD_COLUMNS.index("time: draft / target / other")].rstrip(" %").split(" / ")
+    )
     assert draft > 0 and target_share > 0 and abs(draft + target_share + other - 100) <= 2  # percentages, rounded
     assert cells[METHOD_COLUMNS.index("divergences (near-tie)")] == "0 (0)"
     lookup_row = next(line for line in printed.splitlines() if line.startswith("| prompt-lookup[3] |"))
@@ -102,24 +142,55 @@ def test_early_exit_assistant_shares_the_targets_weights(model_type):
 
 
 def test_engine_bench_reports_every_policy_at_every_concurrency(smollm2_tokenizer, tmp_path, capsys):
-    target = make_target("qwen2", vocab_size=len(smollm2_tokenizer), dtype=torch.float32, seed=3, eos_token_id=2, pad_token_id=2)
+    target = make_target(
+        "qwen2", vocab_size=len(smollm2_tokenizer), dtype=torch.float32, seed=3, eos_token_id=2, pad_token_id=2
+    )
     target.save_pretrained(tmp_path / "target")
     smollm2_tokenizer.save_pretrained(tmp_path / "target")
-    AngelSpecMTPDrafter.from_target(target, smollm2_tokenizer, num_depths=3, draft_vocab_size=256).save_pretrained(tmp_path / "mtp")
-    DFlyDrafter.from_target(target, smollm2_tokenizer, block_size=5, num_draft_layers=1, mask_token_id=0).save_pretrained(tmp_path / "dfly")
+    AngelSpecMTPDrafter.from_target(target, smollm2_tokenizer, num_depths=3, draft_vocab_size=256).save_pretrained(
+        tmp_path / "mtp"
+    )
+    DFlyDrafter.from_target(
+        target, smollm2_tokenizer, block_size=5, num_draft_layers=1, mask_token_id=0
+    ).save_pretrained(tmp_path / "dfly")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"Count to {n}."}) + "\n" for n in range(6)))
     output = tmp_path / "engine.json"
-    cli_main([
-        "bench", "--target", str(tmp_path / "target"), "--drafter", f"{tmp_path / 'mtp'}@constant-1,constant-3,dcut",
-        "--drafter", f"{tmp_path / 'dfly'}@constant-4,dcut", "--prompts", str(prompts), "--max-new-tokens", "6",
-        "--concurrency", "1,4", "--min-requests", "5", "--repeats", "2", "--output", str(output),
-    ])
+    cli_main(
+        [
+            "bench",
+            "--target",
+            str(tmp_path / "target"),
+            "--drafter",
+            f"{tmp_path / 'mtp'}@constant-1,constant-3,dcut",
+            "--drafter",
+            f"{tmp_path / 'dfly'}@constant-4,dcut",
+            "--prompts",
+            str(prompts),
+            "--max-new-tokens",
+            "6",
+            "--concurrency",
+            "1,4",
+            "--min-requests",
+            "5",
+            "--repeats",
+            "2",
+            "--output",
+            str(output),
+        ]
+    )
     report = json.loads(output.read_text())
     assert [level["concurrency"] for level in report["concurrency"]] == [1, 4]
     for level in report["concurrency"]:
         names = [run["name"] for run in level["runs"]]
-        assert names == ["batched-ar", "mtp[constant-1]", "mtp[constant-3]", "mtp[dcut]", "dfly[constant-4]", "dfly[dcut]"]
+        assert names == [
+            "batched-ar",
+            "mtp[constant-1]",
+            "mtp[constant-3]",
+            "mtp[dcut]",
+            "dfly[constant-4]",
+            "dfly[dcut]",
+        ]
         assert level["requests"] == 5
         for run in level["runs"]:
             for key in ("tokens_per_s", "speedup", "tau", "peak_kv_cache_mib", "peak_rss_mib"):
@@ -140,24 +211,53 @@ def test_profile_command_writes_a_cost_model(smollm2_tokenizer, tmp_path, capsys
     target = make_target("llama", vocab_size=len(smollm2_tokenizer), dtype=torch.float32, seed=4)
     target.save_pretrained(tmp_path / "target")
     smollm2_tokenizer.save_pretrained(tmp_path / "target")
-    cli_main(["profile", "--target", str(tmp_path / "target"), "--rows", "1,3", "--repeats", "1", "--output", str(tmp_path / "cost.json")])
+    cli_main(
+        [
+            "profile",
+            "--target",
+            str(tmp_path / "target"),
+            "--rows",
+            "1,3",
+            "--repeats",
+            "1",
+            "--output",
+            str(tmp_path / "cost.json"),
+        ]
+    )
     model = VerifyCostModel.load(str(tmp_path / "cost.json"))
     assert model.rows == [1, 3] and all(s > 0 for line in model.seconds for s in line)
     assert "rows \\ tokens" in capsys.readouterr().out
 
 
 def test_batch_command_serves_a_prompt_file(smollm2_tokenizer, tmp_path, capsys):
-    target = make_target("llama", vocab_size=len(smollm2_tokenizer), dtype=torch.float32, seed=6, eos_token_id=2, pad_token_id=2)
+    target = make_target(
+        "llama", vocab_size=len(smollm2_tokenizer), dtype=torch.float32, seed=6, eos_token_id=2, pad_token_id=2
+    )
     target.save_pretrained(tmp_path / "target")
     smollm2_tokenizer.save_pretrained(tmp_path / "target")
     AngelSpecMTPDrafter.from_target(target, smollm2_tokenizer, num_depths=2).save_pretrained(tmp_path / "mtp")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"Tell me about {n}."}) + "\n" for n in range(5)))
     output = tmp_path / "out.jsonl"
-    cli_main([
-        "batch", "--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "mtp"), "--prompts", str(prompts),
-        "--concurrency", "2", "--policy", "constant-2", "--max-new-tokens", "7", "--output", str(output),
-    ])
+    cli_main(
+        [
+            "batch",
+            "--target",
+            str(tmp_path / "target"),
+            "--drafter",
+            str(tmp_path / "mtp"),
+            "--prompts",
+            str(prompts),
+            "--concurrency",
+            "2",
+            "--policy",
+            "constant-2",
+            "--max-new-tokens",
+            "7",
+            "--output",
+            str(output),
+        ]
+    )
     records = [json.loads(line) for line in output.read_text().splitlines()]
     assert [r["prompt"] for r in records] == [f"Tell me about {n}." for n in range(5)]
     assert all(r["finish_reason"] in ("eos", "length") and 0 < r["new_tokens"] <= 7 for r in records)

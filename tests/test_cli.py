@@ -102,7 +102,9 @@ def test_turns_must_be_a_non_empty_list_of_strings(capsys, tmp_path, turns):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps({"turns": turns, "prompt": None} if turns is None else {"turns": turns}) + "\n")
     error = batch_error(capsys, tmp_path, path)
-    expected = '"prompt" must be a non-empty string' if turns is None else '"turns" must be a non-empty list of strings'
+    expected = (
+        '"prompt" must be a non-empty string' if turns is None else '"turns" must be a non-empty list of strings'
+    )
     assert f"{path} line 1: {expected}" in error
 
 
@@ -147,7 +149,9 @@ def test_bench_schedules_are_checked(capsys, drafter):
 
 
 def test_profile_rows_and_repeats_must_be_positive(capsys):
-    assert "argument --rows: must be comma-separated positive integers" in usage_error(capsys, "profile", "--rows", "0")
+    assert "argument --rows: must be comma-separated positive integers" in usage_error(
+        capsys, "profile", "--rows", "0"
+    )
     assert "argument --rows" in usage_error(capsys, "profile", "--rows", "1,x")
     assert "argument --repeats: must be a positive integer" in usage_error(capsys, "profile", "--repeats", "0")
 
@@ -160,7 +164,9 @@ def test_suite_sizes_and_drafters_dir(capsys, tmp_path):
 
 @pytest.mark.parametrize("value", ["-1", "nan", "hot"])
 def test_negative_temperature_is_an_error(capsys, tmp_path, prompts, value):
-    error = usage_error(capsys, "batch", "--prompts", prompts, "--output", tmp_path / "o.jsonl", "--temperature", value)
+    error = usage_error(
+        capsys, "batch", "--prompts", prompts, "--output", tmp_path / "o.jsonl", "--temperature", value
+    )
     assert f"argument --temperature: must be a number >= 0 (0: greedy), got '{value}'" in error
 
 
@@ -190,12 +196,49 @@ def test_right_arguments_get_through_to_the_model_load(tmp_path, prompts, drafte
     """Nothing is written while checking: the output folder does not exist until the run writes it."""
     output = tmp_path / "results" / "out.json"
     command_lines = [
-        ["bench", "--drafter", drafter, "--drafter", f"{drafter}@constant-2,dcut,heuristic", "--prompts", prompts,
-         "--schedules", "dcut,constant-2,heuristic", "--prompt-lookup", "3", "--output", output],
-        ["bench", "--drafter", f"{drafter}@constant-1,dcut", "--prompts", prompts, "--concurrency", "1, 4",
-         "--min-requests", "5", "--repeats", "2", "--output", output],
-        ["batch", "--drafter", drafter, "--prompts", f"{prompts}+{prompts}", "--policy", "constant-2",
-         "--temperature", "0", "--output", output],
+        [
+            "bench",
+            "--drafter",
+            drafter,
+            "--drafter",
+            f"{drafter}@constant-2,dcut,heuristic",
+            "--prompts",
+            prompts,
+            "--schedules",
+            "dcut,constant-2,heuristic",
+            "--prompt-lookup",
+            "3",
+            "--output",
+            output,
+        ],
+        [
+            "bench",
+            "--drafter",
+            f"{drafter}@constant-1,dcut",
+            "--prompts",
+            prompts,
+            "--concurrency",
+            "1, 4",
+            "--min-requests",
+            "5",
+            "--repeats",
+            "2",
+            "--output",
+            output,
+        ],
+        [
+            "batch",
+            "--drafter",
+            drafter,
+            "--prompts",
+            f"{prompts}+{prompts}",
+            "--policy",
+            "constant-2",
+            "--temperature",
+            "0",
+            "--output",
+            output,
+        ],
         ["profile", "--rows", "4,1", "--repeats", "1", "--output", output],
         ["estimate", "--drafter", drafter, "--sources", "mt_bench", "--output", output],
         ["suite", "--drafters-dir", tmp_path, "--output-dir", tmp_path / "results" / "suite"],
@@ -209,9 +252,13 @@ def test_right_arguments_get_through_to_the_model_load(tmp_path, prompts, drafte
 def test_prompt_files_keep_their_formats(tmp_path):
     lines = tmp_path / "mixed.jsonl"
     lines.write_text(
-        "\ufeff" + json.dumps({"prompt": "Say hi.", "category": "chat"}) + "\n\n"
-        + json.dumps({"turns": ["Name a colour.", "Why?"]}) + "\r\n"
-        + json.dumps({"prompt": None, "turns": ["Count."]}) + "\n"
+        "\ufeff"
+        + json.dumps({"prompt": "Say hi.", "category": "chat"})
+        + "\n\n"
+        + json.dumps({"turns": ["Name a colour.", "Why?"]})
+        + "\r\n"
+        + json.dumps({"prompt": None, "turns": ["Count."]})
+        + "\n"
     )
     rows = load_prompts(str(lines))
     assert rows["prompt"] == ["Say hi.", "Name a colour.", "Count."]

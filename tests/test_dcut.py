@@ -37,7 +37,9 @@ def test_batch_budget_follows_the_most_confident_requests():
     confidences = [doubtful, confident, doubtful, confident]
     depths = dcut_depths(confidences, cost)
     assert depths[1] == depths[3] >= 4 and depths[0] == depths[2] == 4
-    best = max(rate(list(d), confidences, cost, 0.0) for d in itertools.product(range(5), range(13), range(5), range(13)))
+    best = max(
+        rate(list(d), confidences, cost, 0.0) for d in itertools.product(range(5), range(13), range(5), range(13))
+    )
     assert rate(depths, confidences, cost, 0.0) >= 0.97 * best
     narrow = dcut_depths([doubtful, doubtful], cost)
     assert max(narrow) < 4, "doubtful drafts alone are not worth a wide verify forward"
@@ -61,7 +63,9 @@ def test_calibration_learns_the_observed_acceptance_and_stays_monotone():
     assert abs(float(calibrated[0]) - 0.3) < 0.05
     assert torch.all(calibrated[1:] <= calibrated[:-1])
     table = calibrator.table()
-    assert table[9]["weight"] > 50 and abs(table[9]["accepted_rate"] - 0.3) < 0.05 and table[0]["accepted_rate"] is None
+    assert (
+        table[9]["weight"] > 50 and abs(table[9]["accepted_rate"] - 0.3) < 0.05 and table[0]["accepted_rate"] is None
+    )
 
 
 def test_cost_model_interpolates_and_round_trips(tmp_path):
@@ -84,7 +88,9 @@ def test_missing_profile_is_measured_once_and_cached(tmp_path, monkeypatch):
     assert dcut.load_cost_model(target, path) == model
 
 
-@pytest.mark.parametrize("content", ["{not json", json.dumps({"rows": [1], "tokens": [1], "seconds": [[-1.0]], "context": 0})])
+@pytest.mark.parametrize(
+    "content", ["{not json", json.dumps({"rows": [1], "tokens": [1], "seconds": [[-1.0]], "context": 0})]
+)
 def test_unreadable_profile_falls_back_to_profiling_with_a_warning(tmp_path, content):
     target = make_target("llama", seed=10, dtype=torch.float32)
     path = tmp_path / "cost.json"
@@ -104,7 +110,9 @@ def test_sequential_drafting_stops_when_no_further_token_can_pay_for_its_verific
     if kind == "mtp":
         drafter = AngelSpecMTPDrafter.from_target(target, num_depths=4)
     else:
-        drafter = DFlyDrafter.from_target(target, block_size=6, num_draft_layers=1, mask_token_id=5, num_target_layers_tapped=2)
+        drafter = DFlyDrafter.from_target(
+            target, block_size=6, num_draft_layers=1, mask_token_id=5, num_target_layers_tapped=2
+        )
     lengths, propose = [], drafter.propose
 
     def recording_propose(*args, **kwargs):
@@ -131,9 +139,14 @@ def test_drafting_stops_only_when_no_further_depth_can_beat_the_best_cut():
         rows, drafted, most = int(torch.randint(1, 4, ())), int(torch.randint(0, 4, ())), 5
         raw = torch.rand(rows, most, generator=generator, dtype=torch.float64).cumprod(-1)
         table = sorted(torch.rand(most + 1, generator=generator).tolist())
-        cost = VerifyCostModel(rows=[1], tokens=list(range(1, most + 2)), seconds=[[0.5 + t for t in table]], context=0)
+        cost = VerifyCostModel(
+            rows=[1], tokens=list(range(1, most + 2)), seconds=[[0.5 + t for t in table]], context=0
+        )
         verify = lambda r, w: cost(1, w) * r  # noqa: E731
-        draft_seconds, step = float(torch.rand((), generator=generator)) * 0.3, float(torch.rand((), generator=generator)) * 0.2
+        draft_seconds, step = (
+            float(torch.rand((), generator=generator)) * 0.3,
+            float(torch.rand((), generator=generator)) * 0.2,
+        )
         confidences = [row[:drafted] for row in raw]
         last = torch.tensor([float(c[-1]) if drafted else 1.0 for c in confidences], dtype=torch.float64)
         current = max(rate([w] * rows, confidences, verify, draft_seconds) for w in range(drafted + 1))
@@ -145,21 +158,30 @@ def test_drafting_stops_only_when_no_further_depth_can_beat_the_best_cut():
 
         if worth_drafting_further(confidences, verify, most, draft_seconds, step, top_confidence=1.0):
             continues += 1
-            assert any(
-                best_cut(last[:, None].expand(-1, more)) > current for more in range(1, most - drafted + 1)
-            ), trial
+            assert any(best_cut(last[:, None].expand(-1, more)) > current for more in range(1, most - drafted + 1)), (
+                trial
+            )
         else:
             stops += 1
             for _ in range(20):
                 more = int(torch.randint(1, most - drafted + 1, ())) if drafted < most else 0
-                extension = last[:, None] * torch.rand(rows, more, generator=generator, dtype=torch.float64).cumprod(-1)
+                extension = last[:, None] * torch.rand(rows, more, generator=generator, dtype=torch.float64).cumprod(
+                    -1
+                )
                 assert best_cut(extension) <= current + 1e-12, trial
     assert stops > 20 and continues > 20
 
 
 @pytest.mark.parametrize(
     "change",
-    [{"rows": [0]}, {"tokens": [0, 1]}, {"tokens": [2, 1]}, {"rows": []}, {"seconds": [[1e9, 1e9]]}, {"seconds": [[0.1, -1.0]]}],
+    [
+        {"rows": [0]},
+        {"tokens": [0, 1]},
+        {"tokens": [2, 1]},
+        {"rows": []},
+        {"seconds": [[1e9, 1e9]]},
+        {"seconds": [[0.1, -1.0]]},
+    ],
 )
 def test_invalid_profile_values_are_re_measured_with_a_warning(tmp_path, change):
     target = make_target("qwen2", seed=9, dtype=torch.float32)

@@ -16,6 +16,7 @@ from transformers import AutoConfig, AutoModel
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
 
+
 CARDS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model_cards")
 
 
@@ -43,7 +44,8 @@ class DrafterTesterMixin:
         assert type(loaded) is self.drafter_class
         provenance = {"_name_or_path", "auto_map", "transformers_version", "dtype", "target_config"}
         saved, restored = (
-            {key: value for key, value in model.config.to_dict().items() if key not in provenance} for model in (drafter, loaded)
+            {key: value for key, value in model.config.to_dict().items() if key not in provenance}
+            for model in (drafter, loaded)
         )
         assert restored == saved and loaded.config.target_config["hidden_size"] == target.config.hidden_size
         assert loaded.generation_config.num_assistant_tokens == 2
@@ -52,7 +54,9 @@ class DrafterTesterMixin:
             torch.testing.assert_close(ours, theirs, msg=name)
         prompt = torch.tensor([[3, 5, 7, 9]])
         expected = target.generate(prompt, max_new_tokens=12, do_sample=False)
-        assert torch.equal(target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=loaded), expected)
+        assert torch.equal(
+            target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=loaded), expected
+        )
 
     def test_loads_with_remote_code_where_the_package_is_missing(self, tmp_path):
         self.make(make_target("llama", num_hidden_layers=4), draft_vocab_size=32).save_pretrained(tmp_path)
@@ -62,7 +66,9 @@ class DrafterTesterMixin:
             f"model = AutoModel.from_pretrained({str(tmp_path)!r}, trust_remote_code=True)\n"
             "print(type(model).__name__, type(model).__module__.startswith('transformers_modules'))\n"
         )
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+        )
         assert result.returncode == 0, result.stderr[-2000:]
         assert result.stdout.split()[-2:] == [self.drafter_class.__name__, "True"]
 
@@ -119,7 +125,10 @@ class DrafterTesterMixin:
         target = make_target("llama", num_hidden_layers=4, seed=5)
         drafter = self.make(target)
         prompts = [[5, 6, 7], [9], [1, 2, 3, 4, 5, 6, 7, 8, 9], [44, 2]]
-        solo = [target.generate(torch.tensor([p]), max_new_tokens=15, do_sample=False)[0, len(p) :].tolist() for p in prompts]
+        solo = [
+            target.generate(torch.tensor([p]), max_new_tokens=15, do_sample=False)[0, len(p) :].tolist()
+            for p in prompts
+        ]
         engine = SpeculativeEngine(target, drafter, max_batch_size=3)
         outputs = engine.generate([Request(p, max_new_tokens=15) for p in prompts])
         assert [o.output_ids for o in outputs] == solo
@@ -138,12 +147,18 @@ class TestDFly(DrafterTesterMixin):
 class TestDFlash(DrafterTesterMixin):
     drafter_class = DFlyDrafter
     drafter_kwargs = dict(
-        block_size=6, num_draft_layers=2, mask_token_id=5, num_target_layers_tapped=2, per_layer_context_mix=False,
+        block_size=6,
+        num_draft_layers=2,
+        mask_token_id=5,
+        num_target_layers_tapped=2,
+        per_layer_context_mix=False,
         ar_head=False,
     )
 
 
-@pytest.mark.parametrize("card", sorted(os.path.basename(os.path.dirname(p)) for p in glob.glob(f"{CARDS}/*/config.json")))
+@pytest.mark.parametrize(
+    "card", sorted(os.path.basename(os.path.dirname(p)) for p in glob.glob(f"{CARDS}/*/config.json"))
+)
 def test_model_card_remote_code_is_the_package_source(card, tmp_path):
     """Each card's remote-code files are exactly what the package writes today: regenerated into a scratch folder
     from the card's own config, and compared file by file."""
@@ -156,4 +171,6 @@ def test_model_card_remote_code_is_the_package_source(card, tmp_path):
     assert written == shipped
     for name in written:
         with open(tmp_path / name) as ours, open(os.path.join(CARDS, card, name)) as theirs:
-            assert ours.read() == theirs.read(), f"{card}/{name} differs from the package: refresh the card's remote code"
+            assert ours.read() == theirs.read(), (
+                f"{card}/{name} differs from the package: refresh the card's remote code"
+            )

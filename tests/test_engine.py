@@ -16,7 +16,9 @@ from angelspec_hf.generation.engine import Request, SpeculativeEngine
 
 def make_drafter(kind, target, oracle=True):
     if kind == "mtp":
-        return (BatchOracleMTP if oracle else AngelSpecMTPDrafter).from_target(target, num_depths=3, draft_vocab_size=48)
+        return (BatchOracleMTP if oracle else AngelSpecMTPDrafter).from_target(
+            target, num_depths=3, draft_vocab_size=48
+        )
     return (BatchOracleDFly if oracle else DFlyDrafter).from_target(
         target, block_size=6, num_draft_layers=2, mask_token_id=5, num_target_layers_tapped=2, draft_vocab_size=48
     )
@@ -135,7 +137,9 @@ def test_dcut_estimate_keeps_positions_the_early_exit_did_not_reach():
     assert policy.depth_confidence.tolist() == sorted(policy.depth_confidence.tolist(), reverse=True)
     assert policy.depth_confidence[2] > 0
     fresh = DCut(3, cost_model=flat_cost_model())
-    fresh._record_drafting(torch.tensor([[0.7]], dtype=torch.float64), backlog)  # first round: deeper positions start there
+    fresh._record_drafting(
+        torch.tensor([[0.7]], dtype=torch.float64), backlog
+    )  # first round: deeper positions start there
     assert fresh.depth_confidence.tolist() == pytest.approx([0.7, 0.7, 0.7])
     assert fresh.first_draft_seconds is None and policy.first_draft_seconds == pytest.approx(0.01)
 
@@ -214,13 +218,16 @@ def test_sampling_preserves_the_target_distribution():
     target.lm_head.weight.div_(4.0)  # flatter distribution: many outcomes
     drafter = AngelSpecMTPDrafter.from_target(target, num_depths=2)
     prompt, temperature = [3, 9, 4], 0.9
-    requests = [Request(prompt, max_new_tokens=3, eos_token_id=[], do_sample=True, temperature=temperature, seed=s) for s in range(1500)]
+    requests = [
+        Request(prompt, max_new_tokens=3, eos_token_id=[], do_sample=True, temperature=temperature, seed=s)
+        for s in range(1500)
+    ]
     engine = SpeculativeEngine(target, drafter, policy="constant-2", max_batch_size=64)
     outputs = engine.generate(requests)
     first = (target(torch.tensor([prompt])).logits[0, -1] / temperature).softmax(-1)
-    following = torch.stack([
-        (target(torch.tensor([prompt + [x]])).logits[0, -1] / temperature).softmax(-1) for x in range(first.numel())
-    ])
+    following = torch.stack(
+        [(target(torch.tensor([prompt + [x]])).logits[0, -1] / temperature).softmax(-1) for x in range(first.numel())]
+    )
     expected = (first[:, None] * following).sum(0) * len(outputs)
     observed = torch.bincount(torch.tensor([o.output_ids[1] for o in outputs]), minlength=expected.numel()).double()
     keep = expected > 5

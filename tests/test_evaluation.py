@@ -13,6 +13,7 @@ from angelspec_hf.metrics import SpeculationStats
 from angelspec_hf.training import AngelSpecTrainer, PackedCollator, build_training_dataset
 from angelspec_hf.training.evaluation import AcceptanceEstimate, estimate_acceptance
 
+
 MAX_NEW_TOKENS = 40
 
 
@@ -31,8 +32,12 @@ def responses(target, tmp_path_factory):
         for index in range(6):
             prompt = torch.randint(1, 64, (1, 5 + 3 * index), generator=generator)
             output = target.generate(prompt, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
-            record = {"source": "random", "prompt": str(index), "prompt_ids": prompt[0].tolist(),
-                      "response_ids": output[0, prompt.shape[1] :].tolist()}
+            record = {
+                "source": "random",
+                "prompt": str(index),
+                "prompt_ids": prompt[0].tolist(),
+                "response_ids": output[0, prompt.shape[1] :].tolist(),
+            }
             handle.write(json.dumps(record) + "\n")
     return str(path)
 
@@ -43,14 +48,28 @@ def fitted_drafter(family, target, responses, tmp_path):
     if family == "mtp":
         drafter = AngelSpecMTPDrafter.from_target(target, num_depths=3)
     else:
-        drafter = DFlyDrafter.from_target(target, block_size=5, num_draft_layers=1, mask_token_id=1, anchors_per_row=64)
+        drafter = DFlyDrafter.from_target(
+            target, block_size=5, num_draft_layers=1, mask_token_id=1, anchors_per_row=64
+        )
     dataset = build_training_dataset(responses, max_length=256)
     args = TrainingArguments(
-        output_dir=str(tmp_path), per_device_train_batch_size=8, per_device_eval_batch_size=2, learning_rate=1e-2,
-        max_steps=40, save_strategy="no", report_to="none", use_cpu=True, seed=0, lr_scheduler_type="constant",
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        per_device_eval_batch_size=2,
+        learning_rate=1e-2,
+        max_steps=40,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        lr_scheduler_type="constant",
     )
     trainer = AngelSpecTrainer(
-        model=drafter, args=args, train_dataset=dataset, eval_dataset=dataset, data_collator=PackedCollator(),
+        model=drafter,
+        args=args,
+        train_dataset=dataset,
+        eval_dataset=dataset,
+        data_collator=PackedCollator(),
         target=target,
     )
     trainer.train()

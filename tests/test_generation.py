@@ -158,7 +158,9 @@ def test_eos_max_new_tokens_and_return_dict_behave_as_plain_generate():
     prompt = random_prompt(6, target.config.vocab_size, 3)
     free_run = target.generate(prompt, max_new_tokens=30, do_sample=False, eos_token_id=None)
     eos = int(free_run[0, 6 + 12])  # a token the target emits mid-way becomes EOS
-    kwargs = dict(max_new_tokens=30, do_sample=False, eos_token_id=eos, return_dict_in_generate=True, output_scores=True)
+    kwargs = dict(
+        max_new_tokens=30, do_sample=False, eos_token_id=eos, return_dict_in_generate=True, output_scores=True
+    )
     reference = target.generate(prompt, **kwargs)
     drafter.reference = free_run
     output = target.generate(prompt, assistant_model=drafter, **kwargs)

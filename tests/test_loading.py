@@ -13,6 +13,7 @@ from transformers import AutoConfig, AutoModel
 
 from angelspec_hf import AngelSpecMTPConfig, AngelSpecMTPDrafter, DFlyConfig, DFlyDrafter
 
+
 DFLY_ARGS = dict(block_size=4, num_draft_layers=1, mask_token_id=3, num_target_layers_tapped=2)
 
 

@@ -15,17 +15,21 @@ from angelspec_hf.generation import dcut, policies
 from angelspec_hf.generation.dcut import ConfidenceCalibrator, VerifyCostModel, dcut_depths
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
 
+
 # The shape of this machine's verify profile (one row: 34 ms for 1 token ... 84 ms for 32, README), the 4-row line
 # scaled from it. A verified token costs little next to the forward itself, so D-cut's cut depends on confidence.
 REAL_PROFILE = VerifyCostModel(
-    rows=[1, 4], tokens=[1, 2, 3, 4, 8, 16, 32],
+    rows=[1, 4],
+    tokens=[1, 2, 3, 4, 8, 16, 32],
     seconds=[[0.034, 0.039, 0.040, 0.051, 0.061, 0.068, 0.084], [0.054, 0.062, 0.064, 0.082, 0.098, 0.109, 0.134]],
     context=128,
 )
 # A verify cost under which a drafted token pays only when quite likely accepted: D-cut's cut then turns on the
 # drafted probabilities, which is where a cut reading the token it judges would bias the sampled law.
 # For 4 rows a wider forward costs less per row: one row's likely draft pays for it, and then the others ride along.
-STEEP_PROFILE = VerifyCostModel(rows=[1, 4], tokens=[1, 2, 3, 4], seconds=[[1.0, 1.5, 1.8, 2.1], [1.0, 1.1, 1.2, 1.3]], context=0)
+STEEP_PROFILE = VerifyCostModel(
+    rows=[1, 4], tokens=[1, 2, 3, 4], seconds=[[1.0, 1.5, 1.8, 2.1], [1.0, 1.1, 1.2, 1.3]], context=0
+)
 VOCAB, PROMPT = 5, [1, 2, 3]
 # D-cut's cases, where a cut reading the drafted token would bias the law subtly, draw 4,000 continuations (the old
 # cut failed them at p = 6e-43 with 5,000); the constant and heuristic schedules (plain rejection sampling, where a
@@ -36,7 +40,9 @@ PATHS = ["generate", "engine-1", "engine-4"]
 
 
 def tiny_target(seed=11):
-    target = make_target("llama", vocab_size=VOCAB, seed=seed, eos_token_id=None, pad_token_id=None, num_hidden_layers=2)
+    target = make_target(
+        "llama", vocab_size=VOCAB, seed=seed, eos_token_id=None, pad_token_id=None, num_hidden_layers=2
+    )
     target.lm_head.weight.div_(4.0)  # moderately peaked: many cells have mass
     return target
 
@@ -45,7 +51,9 @@ def random_drafter(kind, target, scale, seed, fixed_law=False):
     """A drafter with N(0, scale²) weights: at scale 5 confidently wrong (adversarial), at 1 peaked but milder;
     `fixed_law` drafts from `FixedLawDrafting.law` instead of its own head."""
     if kind == "mtp":
-        drafter = (FixedLawMTP if fixed_law else AngelSpecMTPDrafter).from_target(target, num_depths=3, draft_vocab_size=4)
+        drafter = (FixedLawMTP if fixed_law else AngelSpecMTPDrafter).from_target(
+            target, num_depths=3, draft_vocab_size=4
+        )
     else:  # the AR head samples each block position after the token sampled before it
         drafter = (FixedLawDFly if fixed_law else DFlyDrafter).from_target(
             target, block_size=4, num_draft_layers=1, mask_token_id=0, num_target_layers_tapped=2, draft_vocab_size=4
@@ -95,7 +103,12 @@ def sample_first_tokens(path, schedule, target, drafter, seed, profile, samples)
         torch.manual_seed(seed)
         for _ in range(samples):
             output = target.generate(
-                torch.tensor([PROMPT]), max_new_tokens=3, do_sample=True, top_k=0, top_p=1.0, temperature=1.0,
+                torch.tensor([PROMPT]),
+                max_new_tokens=3,
+                do_sample=True,
+                top_k=0,
+                top_p=1.0,
+                temperature=1.0,
                 assistant_model=drafter,
             )
             cells.append(output[0, len(PROMPT) :].tolist())
@@ -104,7 +117,8 @@ def sample_first_tokens(path, schedule, target, drafter, seed, profile, samples)
         batch = int(path.split("-")[1])
         engine = SpeculativeEngine(target, drafter, policy=schedule, max_batch_size=batch, cost_model=profile)
         requests = [
-            Request(PROMPT, max_new_tokens=3, eos_token_id=[], do_sample=True, seed=seed * 10_000 + s) for s in range(samples)
+            Request(PROMPT, max_new_tokens=3, eos_token_id=[], do_sample=True, seed=seed * 10_000 + s)
+            for s in range(samples)
         ]
         outputs = engine.generate(requests)
         cells = [o.output_ids for o in outputs]
@@ -120,7 +134,9 @@ def check_sampled_law(kind, schedule, path, drafting, profile, case, monkeypatch
     scale = 5.0 if drafting == "adversarial" else {"mtp": 1.0, "dfly": 0.5}[kind]
     drafter = random_drafter(kind, target, scale=scale, seed=case, fixed_law=drafting == "fixed-law")
     samples = SAMPLES[schedule]
-    counts, verified = sample_first_tokens(path, schedule, target, drafter, seed=case, profile=profile, samples=samples)
+    counts, verified = sample_first_tokens(
+        path, schedule, target, drafter, seed=case, profile=profile, samples=samples
+    )
     assert verified > samples // 4, "drafts must have gone through rejection sampling"
     assert_target_law(counts, exact_law(target))
 
@@ -148,12 +164,17 @@ def test_dcut_never_lets_a_sampled_token_decide_its_own_verification():
     generator = torch.Generator().manual_seed(0)
     for _ in range(300):
         rows = int(torch.randint(1, 4, (), generator=generator))
-        confidences = [torch.rand(6, generator=generator, dtype=torch.float64).sort(descending=True).values for _ in range(rows)]
+        confidences = [
+            torch.rand(6, generator=generator, dtype=torch.float64).sort(descending=True).values for _ in range(rows)
+        ]
         depths = dcut_depths(confidences, REAL_PROFILE, sampled=[True] * rows)
         for r in range(rows):
             k = int(torch.randint(0, 6, (), generator=generator))
             changed = [c.clone() for c in confidences]
-            changed[r][k + 1 :] = torch.rand(5 - k, generator=generator, dtype=torch.float64).sort(descending=True).values * changed[r][k]
+            changed[r][k + 1 :] = (
+                torch.rand(5 - k, generator=generator, dtype=torch.float64).sort(descending=True).values
+                * changed[r][k]
+            )
             again = dcut_depths(changed, REAL_PROFILE, sampled=[True] * rows)
             assert (depths[r] > k) == (again[r] > k)
     greedy = [torch.tensor([0.9, 0.05, 0.05, 0.05], dtype=torch.float64)]
@@ -184,10 +205,12 @@ def test_a_garbage_drafter_never_changes_or_stops_the_targets_output(kind, garba
             assert prompt.shape[1] < sampled.shape[1] <= reference.shape[1]  # it may sample EOS early
         for policy in ["dcut", "constant-3", "heuristic"]:
             engine = SpeculativeEngine(target, drafter, policy=policy, max_batch_size=2, cost_model=REAL_PROFILE)
-            outputs = engine.generate([
-                Request(prompt[0].tolist(), max_new_tokens=12, eos_token_id=[]),
-                Request(prompt[0].tolist(), max_new_tokens=12, eos_token_id=[], do_sample=True, seed=1),
-            ])
+            outputs = engine.generate(
+                [
+                    Request(prompt[0].tolist(), max_new_tokens=12, eos_token_id=[]),
+                    Request(prompt[0].tolist(), max_new_tokens=12, eos_token_id=[], do_sample=True, seed=1),
+                ]
+            )
             assert outputs[0].output_ids == reference[0, 4:].tolist(), policy
             assert outputs[1].error is None and len(outputs[1].output_ids) == 12
 
@@ -215,7 +238,9 @@ def test_the_same_request_object_twice_is_served_twice():
     request = Request([4, 8, 15], max_new_tokens=10, eos_token_id=[])
     reference = target.generate(torch.tensor([request.input_ids]), max_new_tokens=10, do_sample=False)[0, 3:].tolist()
     sampled = Request([4, 8, 15], max_new_tokens=6, eos_token_id=[], do_sample=True, seed=7)
-    engine = SpeculativeEngine(target, random_drafter("mtp", target, scale=1.0, seed=0), max_batch_size=4, cost_model=REAL_PROFILE)
+    engine = SpeculativeEngine(
+        target, random_drafter("mtp", target, scale=1.0, seed=0), max_batch_size=4, cost_model=REAL_PROFILE
+    )
     outputs = engine.generate([request] * 3 + [sampled, sampled])
     assert [o.output_ids for o in outputs[:3]] == [reference] * 3
     assert [len(o.output_ids) for o in outputs[3:]] == [6, 6] and outputs[3] is not outputs[4]
@@ -241,7 +266,10 @@ def test_the_same_request_object_twice_is_served_twice():
 )
 def test_a_bad_request_is_rejected_at_submission_and_the_others_are_served(bad, reason):
     target = make_target("llama", seed=1)
-    good = [Request([3, 1, 4], max_new_tokens=5, eos_token_id=[]), Request(torch.tensor([[2, 7, 1]]), max_new_tokens=5, eos_token_id=[])]
+    good = [
+        Request([3, 1, 4], max_new_tokens=5, eos_token_id=[]),
+        Request(torch.tensor([[2, 7, 1]]), max_new_tokens=5, eos_token_id=[]),
+    ]
     engine = SpeculativeEngine(target, None, max_batch_size=2)
     with pytest.warns(UserWarning, match="rejected"):
         outputs = engine.generate([good[0], bad, good[1]])
@@ -253,8 +281,13 @@ def test_a_bad_request_is_rejected_at_submission_and_the_others_are_served(bad, 
 
 def test_a_request_failing_mid_run_finishes_with_its_error_while_the_others_are_served(monkeypatch):
     target = make_target("llama", seed=1)
-    requests = [Request([3, 1, 4 + i], max_new_tokens=8, eos_token_id=[], do_sample=i == 1, seed=i, request_id=i) for i in range(3)]
-    engine = SpeculativeEngine(target, random_drafter("mtp", target, scale=1.0, seed=0), policy="constant-2", max_batch_size=3)
+    requests = [
+        Request([3, 1, 4 + i], max_new_tokens=8, eos_token_id=[], do_sample=i == 1, seed=i, request_id=i)
+        for i in range(3)
+    ]
+    engine = SpeculativeEngine(
+        target, random_drafter("mtp", target, scale=1.0, seed=0), policy="constant-2", max_batch_size=3
+    )
     original = engine._probabilities
     calls = {"count": 0}
 
@@ -278,7 +311,9 @@ def test_a_request_that_exactly_fills_the_context_is_served_as_plain_generate_se
     prompt = list(range(1, 21))
     reference = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, 20:].tolist()
     for drafter in (None, random_drafter("dfly", target, scale=1.0, seed=0)):
-        outputs = SpeculativeEngine(target, drafter, policy="constant-3").generate([Request(prompt, max_new_tokens=12, eos_token_id=[])])
+        outputs = SpeculativeEngine(target, drafter, policy="constant-3").generate(
+            [Request(prompt, max_new_tokens=12, eos_token_id=[])]
+        )
         assert outputs[0].error is None and outputs[0].output_ids == reference
     with pytest.warns(UserWarning, match="context"):
         outputs = SpeculativeEngine(target, None).generate([Request(prompt, max_new_tokens=13)])
@@ -299,13 +334,24 @@ def test_soak_a_thousand_mixed_requests_arriving_at_random():
     target = make_target("qwen2", seed=5, num_hidden_layers=1)
     vocab = target.config.vocab_size
     rng = random.Random(0)
-    pool = [([rng.randrange(vocab - 1) for _ in range(rng.choice([1, 2, 5, 9]))], rng.choice([1, 2, 4, 7])) for _ in range(24)]
+    pool = [
+        ([rng.randrange(vocab - 1) for _ in range(rng.choice([1, 2, 5, 9]))], rng.choice([1, 2, 4, 7]))
+        for _ in range(24)
+    ]
     references = {
-        (tuple(p), n): target.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False, eos_token_id=None)[0, len(p) :].tolist()
+        (tuple(p), n): target.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False, eos_token_id=None)[
+            0, len(p) :
+        ].tolist()
         for p, n in pool
     }
-    bad_requests = [Request([vocab + 3], max_new_tokens=2), Request([], max_new_tokens=2), Request([1], do_sample=True, top_k=-1)]
-    engine = SpeculativeEngine(target, random_drafter("mtp", target, scale=1.0, seed=2), max_batch_size=8, cost_model=REAL_PROFILE)
+    bad_requests = [
+        Request([vocab + 3], max_new_tokens=2),
+        Request([], max_new_tokens=2),
+        Request([1], do_sample=True, top_k=-1),
+    ]
+    engine = SpeculativeEngine(
+        target, random_drafter("mtp", target, scale=1.0, seed=2), max_batch_size=8, cost_model=REAL_PROFILE
+    )
     submitted, steps = [], 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
@@ -316,7 +362,9 @@ def test_soak_a_thousand_mixed_requests_arriving_at_random():
                     request = rng.choice(bad_requests)
                 else:
                     prompt, limit = rng.choice(pool)
-                    request = Request(prompt, max_new_tokens=limit, eos_token_id=[], do_sample=kind > 0.8, seed=rng.randrange(99))
+                    request = Request(
+                        prompt, max_new_tokens=limit, eos_token_id=[], do_sample=kind > 0.8, seed=rng.randrange(99)
+                    )
                 submitted.append((request, engine.submit(request)))
             engine.step()
             steps += 1
@@ -349,7 +397,12 @@ def test_sampling_with_stop_strings_decodes_without_drafts(smollm2_tokenizer):
     prompt = torch.tensor([smollm2_tokenizer("The quick brown fox")["input_ids"]])
     with pytest.warns(UserWarning, match="stop_strings"):
         target.generate(
-            prompt, max_new_tokens=8, do_sample=True, stop_strings=["zzz"], tokenizer=smollm2_tokenizer, assistant_model=drafter
+            prompt,
+            max_new_tokens=8,
+            do_sample=True,
+            stop_strings=["zzz"],
+            tokenizer=smollm2_tokenizer,
+            assistant_model=drafter,
         )
     assert sum(drafter.speculation_stats.drafted) == 0
     target.generate(prompt, max_new_tokens=8, do_sample=True, tokenizer=smollm2_tokenizer, assistant_model=drafter)

@@ -19,7 +19,10 @@ def test_incremental_adds_equal_one_compute_and_the_stats_object():
     metric.add(drafted=1, accepted=0)
     stats = SpeculationStats([4, 2, 1], [2, 2, 0])
     assert metric.compute() == {
-        "tau": stats.tau, "acceptance_by_depth": stats.acceptance_by_depth(), "target_forwards": 3, "tokens": 7,
+        "tau": stats.tau,
+        "acceptance_by_depth": stats.acceptance_by_depth(),
+        "target_forwards": 3,
+        "tokens": 7,
     }
 
 

@@ -13,6 +13,7 @@ from angelspec_hf import DFlyDrafter
 from angelspec_hf.generation import AngelSpecCandidateGenerator
 from angelspec_hf.models.dfly.configuration_dfly import evenly_spaced_layers
 
+
 VARIANTS = {"dfly": {}, "dflash": {"per_layer_context_mix": False, "ar_head": False}}
 
 
@@ -59,7 +60,10 @@ def test_training_blocks_compute_what_inference_drafts(variant):
     truth = iter(sequence[0, anchor + 1 : anchor + 6].tolist())
     taps = tuple(states[i][:, :anchor] for i in drafter.target_hidden_state_indices())
     _, inference = drafter.propose(
-        drafter.new_draft_state(), taps, sequence[:, 1 : anchor + 1], num_tokens=5,
+        drafter.new_draft_state(),
+        taps,
+        sequence[:, 1 : anchor + 1],
+        num_tokens=5,
         choose=lambda logits: torch.tensor([next(truth)]),
     )
     torch.testing.assert_close(inference[0], training.logits)
@@ -80,7 +84,9 @@ def test_ablation_switches_give_dflash():
     dflash = make_dfly(target, **VARIANTS["dflash"])
     assert dflash.ar_head is None and dflash.context.layer_mix_logits is None and len(dflash.context.norms) == 1
     dfly = make_dfly(target)
-    assert torch.equal(dfly.ar_head.down_proj.weight, torch.zeros_like(dfly.ar_head.down_proj.weight)), "AR head starts as identity"
+    assert torch.equal(dfly.ar_head.down_proj.weight, torch.zeros_like(dfly.ar_head.down_proj.weight)), (
+        "AR head starts as identity"
+    )
     assert not dfly.context.layer_mix_logits.any(), "per-layer mix starts uniform"
 
 
@@ -117,8 +123,10 @@ def test_dflash_ablation_runs_through_transformers_builtin_dflash_path():
 
     config = GenerationConfig(max_length=40, do_sample=False)
     builtin = DFlashTokenCandidateGenerator(
-        assistant_model=adapter, main_model_input_embeddings=target.get_input_embeddings(),
-        main_model_output_embeddings=target.get_output_embeddings(), generation_config=config,
+        assistant_model=adapter,
+        main_model_input_embeddings=target.get_input_embeddings(),
+        main_model_output_embeddings=target.get_output_embeddings(),
+        generation_config=config,
     )
     drafter.generation_config.num_assistant_tokens_schedule = "constant"  # the full block, as transformers drafts it
     ours = AngelSpecCandidateGenerator(target, drafter, config, prompt)
@@ -126,7 +134,9 @@ def test_dflash_ablation_runs_through_transformers_builtin_dflash_path():
     input_ids = torch.cat([prompt, prefill.logits[:, -1:].argmax(-1)], dim=1)
     kwargs = dict(
         model_kwargs={"position_ids": torch.arange(input_ids.shape[1])[None], "attention_mask": None},
-        model_outputs=prefill, is_first_iteration=False, n_last_matches=0,
+        model_outputs=prefill,
+        is_first_iteration=False,
+        n_last_matches=0,
     )
     builtin_candidates, _ = builtin.get_candidates(input_ids, **kwargs)
     our_candidates, _ = ours.get_candidates(input_ids, **kwargs)

@@ -1,6 +1,5 @@
 """The MTP drafter as a transformers model: Auto classes, checkpoints, target binding, TTT = inference."""
 
-
 import pytest
 import torch
 from conftest import ARCHITECTURES, make_target
@@ -55,7 +54,9 @@ def test_ttt_rollout_computes_what_inference_computes(model_type, target_layer_i
     """Depth k of the training rollout at slot t equals the k-th draft of an inference round after slot t (with the
     last target layer, or several layers fused, conditioning depth 0)."""
     target = make_target(model_type, seed=4)
-    drafter = AngelSpecMTPDrafter.from_target(target, num_depths=3, draft_vocab_size=48, target_layer_ids=target_layer_ids)
+    drafter = AngelSpecMTPDrafter.from_target(
+        target, num_depths=3, draft_vocab_size=48, target_layer_ids=target_layer_ids
+    )
     sequence = torch.randint(0, 95, (1, 24), generator=torch.Generator().manual_seed(0))
     states = target(sequence, output_hidden_states=True).hidden_states
     taps = [states[i] for i in drafter.target_hidden_state_indices()]
@@ -64,7 +65,10 @@ def test_ttt_rollout_computes_what_inference_computes(model_type, target_layer_i
     for slot in (0, 9, 17):
         state = drafter.new_draft_state()
         _, inference_logits = drafter.propose(
-            state, tuple(tap[:, : slot + 1] for tap in taps), sequence[:, 1 : slot + 2], num_tokens=3,
+            state,
+            tuple(tap[:, : slot + 1] for tap in taps),
+            sequence[:, 1 : slot + 2],
+            num_tokens=3,
             choose=lambda l: l.argmax(-1),
         )
         for depth in range(3):
@@ -76,19 +80,24 @@ def test_ttt_rollout_never_attends_across_packed_documents():
     drafter = AngelSpecMTPDrafter.from_target(target, num_depths=2)
     first, second = torch.randint(0, 95, (1, 10)), torch.randint(0, 95, (1, 8))
     alone = drafter.rollout(
-        target(second, output_hidden_states=True).hidden_states[-1][:, None], second, torch.arange(8)[None],
+        target(second, output_hidden_states=True).hidden_states[-1][:, None],
+        second,
+        torch.arange(8)[None],
         torch.zeros(1, 8, dtype=torch.long),
     )
     packed_ids = torch.cat([first, second], 1)
     positions = torch.cat([torch.arange(10), torch.arange(8)])[None]
     hidden = torch.cat(
-        [target(first, output_hidden_states=True).hidden_states[-1], target(second, output_hidden_states=True).hidden_states[-1]], 1
+        [
+            target(first, output_hidden_states=True).hidden_states[-1],
+            target(second, output_hidden_states=True).hidden_states[-1],
+        ],
+        1,
     )
     documents = torch.tensor([[0] * 10 + [1] * 8])
     packed = drafter.rollout(hidden[:, None], packed_ids, positions, documents)
     for depth in range(2):
         torch.testing.assert_close(packed[depth].logits[:, 10:], alone[depth].logits)
-
 
 
 def test_no_ttt_ablation_trains_depth_zero_only():
@@ -115,7 +124,9 @@ def test_warm_start_copies_the_targets_last_layers(zero_output_projections):
             drafter.zero_output_projections()
         layers = drafter.draft_layers()
         for draft_layer, target_layer in zip(layers, target.model.layers[-len(layers) :]):
-            for (name, draft), (_, original) in zip(draft_layer.state_dict().items(), target_layer.state_dict().items()):
+            for (name, draft), (_, original) in zip(
+                draft_layer.state_dict().items(), target_layer.state_dict().items()
+            ):
                 if zero_output_projections and name in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
                     assert not draft.any(), name
                 else:

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import torch
-from conftest import make_target
 from transformers import AutoModel, TrainingArguments
 
 from angelspec_hf import AngelSpecMTPDrafter
@@ -22,21 +21,21 @@ from angelspec_hf.training import (
 )
 from angelspec_hf.training.regenerate import read_responses, regenerate_responses
 
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def chat_target(smollm2_tokenizer):
-    """A tiny Llama speaking the SmolLM2 vocabulary, so the real chat template applies."""
-    return make_target("llama", vocab_size=len(smollm2_tokenizer), dtype=torch.float32, seed=3, eos_token_id=2, pad_token_id=2)
 
 
 @pytest.fixture(scope="module")
 def responses(chat_target, smollm2_tokenizer, tmp_path_factory):
     path = str(tmp_path_factory.mktemp("data") / "responses.jsonl.gz")
     regenerate_responses(
-        chat_target, smollm2_tokenizer, ["alpaca_eval", "self_instruct"], path, limit_per_source=6,
-        max_new_tokens=24, batch_size=4,
+        chat_target,
+        smollm2_tokenizer,
+        ["alpaca_eval", "self_instruct"],
+        path,
+        limit_per_source=6,
+        max_new_tokens=24,
+        batch_size=4,
     )
     return path
 
@@ -57,7 +56,9 @@ def test_sampled_regeneration_records_its_seeds_and_resumes(chat_target, smollm2
     kwargs = dict(limit_per_source=3, max_new_tokens=8, batch_size=2, temperature=1.0, seed=100)
     first = regenerate_responses(chat_target, smollm2_tokenizer, ["alpaca_eval"], path, **kwargs)
     assert sorted(record["seed"] for record in first) == [100, 101, 102]
-    assert regenerate_responses(chat_target, smollm2_tokenizer, ["alpaca_eval"], path, **kwargs) == first, "resumed: nothing new"
+    assert regenerate_responses(chat_target, smollm2_tokenizer, ["alpaca_eval"], path, **kwargs) == first, (
+        "resumed: nothing new"
+    )
     second = regenerate_responses(chat_target, smollm2_tokenizer, ["alpaca_eval"], path, **{**kwargs, "seed": 200})
     assert len(second) == 6, "another seed is another pass over the same prompts"
 
@@ -107,18 +108,33 @@ def make_trainer(target, tokenizer, dataset, output_dir, **overrides):
     torch.manual_seed(0)  # same initial drafter every time
     drafter = AngelSpecMTPDrafter.from_target(target, tokenizer, num_depths=3, draft_vocab_size=512)
     values = dict(
-        output_dir=str(output_dir), per_device_train_batch_size=2, learning_rate=3e-3, max_steps=6, logging_steps=2,
-        save_strategy="no", report_to="none", use_cpu=True, seed=0, data_seed=0, lr_scheduler_type="constant",
+        output_dir=str(output_dir),
+        per_device_train_batch_size=2,
+        learning_rate=3e-3,
+        max_steps=6,
+        logging_steps=2,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        data_seed=0,
+        lr_scheduler_type="constant",
     )
     values.update(overrides)
     return AngelSpecTrainer(
-        model=drafter, args=TrainingArguments(**values), train_dataset=dataset, data_collator=PackedCollator(), target=target
+        model=drafter,
+        args=TrainingArguments(**values),
+        train_dataset=dataset,
+        data_collator=PackedCollator(),
+        target=target,
     )
 
 
 def test_offline_hidden_states_give_the_same_loss_as_online(chat_target, smollm2_tokenizer, responses, tmp_path):
     dataset = build_training_dataset(responses, max_length=128)
-    offline = precompute_hidden_states(dataset, chat_target, [chat_target.config.num_hidden_layers], str(tmp_path), dtype="float32")
+    offline = precompute_hidden_states(
+        dataset, chat_target, [chat_target.config.num_hidden_layers], str(tmp_path), dtype="float32"
+    )
     trainer = make_trainer(chat_target, smollm2_tokenizer, dataset, tmp_path / "out")
     rows = [dataset[i] for i in range(2)]
     online_batch = PackedCollator()(rows)
@@ -147,8 +163,12 @@ def test_feature_regression_and_feature_noise_enter_the_loss(chat_target, smollm
     plain = trainer.compute_loss(trainer.model, batch)
     config.hidden_regression_weight = 0.5
     loss, outputs = trainer.compute_loss(trainer.model, batch, return_outputs=True)
-    (final,) = target_hidden_states(chat_target, batch["input_ids"], batch["position_ids"], [chat_target.config.num_hidden_layers])
-    expected = plain + 0.5 * feature_regression_loss(outputs.hidden_states, final.flatten(0, 1)[outputs.teacher_positions])
+    (final,) = target_hidden_states(
+        chat_target, batch["input_ids"], batch["position_ids"], [chat_target.config.num_hidden_layers]
+    )
+    expected = plain + 0.5 * feature_regression_loss(
+        outputs.hidden_states, final.flatten(0, 1)[outputs.teacher_positions]
+    )
     torch.testing.assert_close(loss, expected)
     config.hidden_regression_weight, config.hidden_noise_std = 0.0, 0.3
     _, clean = trainer.compute_loss(trainer.model.eval(), batch, return_outputs=True)
@@ -159,7 +179,9 @@ def test_feature_regression_and_feature_noise_enter_the_loss(chat_target, smollm
 
 def test_training_lowers_the_loss_and_logs_real_acceptance(chat_target, smollm2_tokenizer, responses, tmp_path):
     dataset = build_training_dataset(responses, max_length=128)
-    prompts = [torch.tensor([encode_chat(smollm2_tokenizer, row["prompt"])]) for row in load_prompts("mt_bench", limit=2)]
+    prompts = [
+        torch.tensor([encode_chat(smollm2_tokenizer, row["prompt"])]) for row in load_prompts("mt_bench", limit=2)
+    ]
     callback = AcceptanceCallback(chat_target, prompts, max_new_tokens=8, every_n_steps=10)
     trainer = make_trainer(chat_target, smollm2_tokenizer, dataset, tmp_path, max_steps=20)
     trainer.add_callback(callback)
@@ -200,7 +222,9 @@ def test_resume_from_checkpoint_continues_the_same_run(chat_target, smollm2_toke
     dataset = build_training_dataset(responses, max_length=128)
     straight = make_trainer(chat_target, smollm2_tokenizer, dataset, tmp_path / "straight")
     straight.train()
-    interrupted = make_trainer(chat_target, smollm2_tokenizer, dataset, tmp_path / "resumed", save_strategy="steps", save_steps=3)
+    interrupted = make_trainer(
+        chat_target, smollm2_tokenizer, dataset, tmp_path / "resumed", save_strategy="steps", save_steps=3
+    )
     interrupted.train()
     resumed = make_trainer(chat_target, smollm2_tokenizer, dataset, tmp_path / "resumed")
     resumed.train(resume_from_checkpoint=str(tmp_path / "resumed" / "checkpoint-3"))
@@ -219,10 +243,18 @@ def test_example_script_trains_dfly_with_the_same_trainer(chat_target, smollm2_t
     target_dir = tmp_path / "target"
     chat_target.save_pretrained(target_dir)
     smollm2_tokenizer.save_pretrained(target_dir)
-    train_main([
-        "--config", os.path.join(REPO, "examples", "configs", "tiny_dfly.yaml"), "--target", str(target_dir),
-        "--responses", responses, "--output_dir", str(tmp_path / "dfly"),
-    ])
+    train_main(
+        [
+            "--config",
+            os.path.join(REPO, "examples", "configs", "tiny_dfly.yaml"),
+            "--target",
+            str(target_dir),
+            "--responses",
+            responses,
+            "--output_dir",
+            str(tmp_path / "dfly"),
+        ]
+    )
     drafter = AutoModel.from_pretrained(tmp_path / "dfly")
     assert type(drafter).__name__ == "DFlyDrafter" and drafter.config.loss_type == "lk"
     assert drafter.config.mask_token_id == smollm2_tokenizer.unk_token_id
@@ -230,7 +262,9 @@ def test_example_script_trains_dfly_with_the_same_trainer(chat_target, smollm2_t
     drafter.bind_target(chat_target, smollm2_tokenizer)
     prompt = torch.tensor([encode_chat(smollm2_tokenizer, "Write a loop in Python.")])
     expected = chat_target.generate(prompt, max_new_tokens=10, do_sample=False)
-    assert torch.equal(chat_target.generate(prompt, max_new_tokens=10, do_sample=False, assistant_model=drafter), expected)
+    assert torch.equal(
+        chat_target.generate(prompt, max_new_tokens=10, do_sample=False, assistant_model=drafter), expected
+    )
 
 
 def test_example_script_trains_with_two_cpu_processes(chat_target, smollm2_tokenizer, responses, tmp_path):
@@ -239,11 +273,29 @@ def test_example_script_trains_with_two_cpu_processes(chat_target, smollm2_token
     chat_target.save_pretrained(target_dir)
     smollm2_tokenizer.save_pretrained(target_dir)
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no",
-        os.path.join(REPO, "examples", "train_mtp.py"), "--config", os.path.join(REPO, "examples", "configs", "tiny_mtp.yaml"),
-        "--target", str(target_dir), "--responses", responses, "--output_dir", str(tmp_path / "drafter"),
-        "--hidden_cache_dir", str(tmp_path / "cache"),
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        os.path.join(REPO, "examples", "train_mtp.py"),
+        "--config",
+        os.path.join(REPO, "examples", "configs", "tiny_mtp.yaml"),
+        "--target",
+        str(target_dir),
+        "--responses",
+        responses,
+        "--output_dir",
+        str(tmp_path / "drafter"),
+        "--hidden_cache_dir",
+        str(tmp_path / "cache"),
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
@@ -255,7 +307,7 @@ def test_example_script_trains_with_two_cpu_processes(chat_target, smollm2_token
 
 
 def test_draft_losses_follow_their_definitions():
-    from angelspec_hf.training import draft_loss, distillation_kl
+    from angelspec_hf.training import distillation_kl, draft_loss
 
     student, teacher = torch.randn(7, 16), torch.randn(7, 16)
     p, q = teacher.softmax(-1), student.softmax(-1)
@@ -288,7 +340,9 @@ def test_every_recipe_ladder_rung_is_a_valid_training_command():
     for kind, rungs in RUNGS.items():
         config = os.path.join(REPO, "examples", "configs", f"smollm2_{kind}_ladder.yaml")
         for name, overrides in rungs.items():
-            drafter_args, data_args, training_args = parse_arguments(["--config", config, *overrides, "--output_dir", "x"])
+            drafter_args, data_args, training_args = parse_arguments(
+                ["--config", config, *overrides, "--output_dir", "x"]
+            )
             assert drafter_args.drafter_type == kind and data_args.max_cpu_minutes == 20, name
             assert training_args.eval_strategy == "steps" and data_args.eval_responses, name
 
@@ -303,7 +357,10 @@ def test_training_curve_reads_the_newest_state_and_plots(tmp_path):
             json.dump({"global_step": history[-1]["step"], "log_history": history}, handle)
 
     older = [{"loss": 2.0, "step": 10, "cpu_hours": 0.1, "num_input_tokens_seen": 1000}, {"eval_tau": 1.2, "step": 10}]
-    newer = older + [{"loss": 1.5, "step": 20, "cpu_hours": 0.2, "num_input_tokens_seen": 2000}, {"eval_tau": 1.4, "step": 20}]
+    newer = older + [
+        {"loss": 1.5, "step": 20, "cpu_hours": 0.2, "num_input_tokens_seen": 2000},
+        {"eval_tau": 1.4, "step": 20},
+    ]
     write_state(tmp_path / "run", older)  # the output folder of a first part; its checkpoint is further on
     write_state(tmp_path / "run" / "checkpoint-20", newer)
     points = training_curve(str(tmp_path / "run"))

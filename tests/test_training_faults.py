@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import make_target
-from test_training import REPO, chat_target, make_trainer  # noqa: F401  (chat_target: a fixture)
+from test_training import REPO, make_trainer
 
 from angelspec_hf.training import AngelSpecTrainer, build_training_dataset, precompute_hidden_states
 from angelspec_hf.training.data import target_hidden_states
@@ -29,7 +29,12 @@ def responses(tmp_path_factory):
     with gzip.open(path, "wt", encoding="utf-8") as handle:
         for i in range(12):
             prompt_ids, response_ids = torch.randint(3, 4000, (2, 24), generator=generator).tolist()
-            record = {"source": "random", "prompt": f"prompt {i}", "prompt_ids": prompt_ids, "response_ids": response_ids}
+            record = {
+                "source": "random",
+                "prompt": f"prompt {i}",
+                "prompt_ids": prompt_ids,
+                "response_ids": response_ids,
+            }
             handle.write(json.dumps(record) + "\n")
     return path
 
@@ -53,15 +58,32 @@ main(sys.argv[1:])
 
 
 def test_a_run_killed_while_saving_resumes_from_the_last_complete_checkpoint(
-    chat_target, smollm2_tokenizer, responses, tmp_path, monkeypatch  # noqa: F811
+    chat_target,
+    smollm2_tokenizer,
+    responses,
+    tmp_path,
+    monkeypatch,  # noqa: F811
 ):
     target_dir, output_dir = tmp_path / "target", tmp_path / "drafter"
     chat_target.save_pretrained(target_dir)
     smollm2_tokenizer.save_pretrained(target_dir)
     arguments = [
-        "--config", os.path.join(REPO, "examples", "configs", "tiny_mtp.yaml"), "--target", str(target_dir),
-        "--responses", responses, "--output_dir", str(output_dir), "--hidden_cache_dir", str(tmp_path / "cache"),
-        "--save_strategy", "steps", "--save_steps", "2", "--eval_prompts", "0",
+        "--config",
+        os.path.join(REPO, "examples", "configs", "tiny_mtp.yaml"),
+        "--target",
+        str(target_dir),
+        "--responses",
+        responses,
+        "--output_dir",
+        str(output_dir),
+        "--hidden_cache_dir",
+        str(tmp_path / "cache"),
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "2",
+        "--eval_prompts",
+        "0",
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": os.path.join(REPO, "examples")}
     killed = subprocess.run(
@@ -96,7 +118,10 @@ def test_a_run_killed_while_saving_resumes_from_the_last_complete_checkpoint(
 
 
 def test_resume_skips_an_incomplete_checkpoint_with_a_warning(
-    chat_target, smollm2_tokenizer, responses, tmp_path  # noqa: F811
+    chat_target,
+    smollm2_tokenizer,
+    responses,
+    tmp_path,  # noqa: F811
 ):
     dataset = build_training_dataset(responses, max_length=128)
     first = make_trainer(

@@ -28,46 +28,67 @@ from ..generation.policies import DCut, VerifyPolicy, resolve_policy
 from ..metrics import SpeculationStats, SpeculativeAcceptance
 from ..prompts import encode_chat, load_prompts
 
+
 NEAR_TIE_GAP = 1e-3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", default="smollm2", help="target model (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument(
-        "--drafter", action="append", default=[], type=drafter_spec,
+        "--target", default="smollm2", help="target model (default: the embedded SmolLM2-135M-Instruct)"
+    )
+    parser.add_argument(
+        "--drafter",
+        action="append",
+        default=[],
+        type=drafter_spec,
         help="drafter folder; repeat for several; DIR@SCHEDULES runs that drafter with its own schedules (e.g. DIR@dcut,constant-15)",
     )
     parser.add_argument("--prompts", default="mt_bench", help="prompt set name or JSONL file (`prompt` or `turns`)")
     parser.add_argument("--data-dir", default=None, help="local prompt folder (default ../shared/data)")
     parser.add_argument("--limit", type=positive_int, default=None, help="first N prompts")
     parser.add_argument("--max-new-tokens", type=positive_int, default=128)
-    parser.add_argument("--num-draft-tokens", type=positive_int, default=None, help="override each drafter's most tokens per round")
     parser.add_argument(
-        "--schedules", default="dcut", type=schedule_list,
+        "--num-draft-tokens", type=positive_int, default=None, help="override each drafter's most tokens per round"
+    )
+    parser.add_argument(
+        "--schedules",
+        default="dcut",
+        type=schedule_list,
         help="comma-separated verify-depth schedules to run each drafter with: dcut (adaptive, default), "
         "constant-K (verify K drafted tokens, e.g. constant-1,constant-3), heuristic (transformers' rule)",
     )
     parser.add_argument(
-        "--full-vocab-variant", action="store_true",
+        "--full-vocab-variant",
+        action="store_true",
         help="also run each reduced-vocabulary drafter with the target's full lm_head (what the reduced head saves)",
     )
     parser.add_argument(
-        "--concurrency", default=None, type=positive_int_list,
+        "--concurrency",
+        default=None,
+        type=positive_int_list,
         help="comma-separated request concurrencies (e.g. 1,4,8,16,32,64): benchmark the batched engine instead, "
         "batched AR vs each drafter with each policy (dcut, constant-K) at each concurrency",
     )
-    parser.add_argument("--min-requests", type=positive_int, default=8, help="engine benchmark: requests per concurrency at least")
     parser.add_argument(
-        "--prompt-lookup", type=non_negative_int, default=0,
+        "--min-requests", type=positive_int, default=8, help="engine benchmark: requests per concurrency at least"
+    )
+    parser.add_argument(
+        "--prompt-lookup",
+        type=non_negative_int,
+        default=0,
         help="also run transformers' prompt lookup decoding with this many tokens per round (0: off)",
     )
     parser.add_argument(
-        "--early-exit-assistant", type=non_negative_int, default=0,
+        "--early-exit-assistant",
+        type=non_negative_int,
+        default=0,
         help="also run transformers' assisted generation (heuristic schedule) with an assistant made of the target's "
         "first N layers (0: off)",
     )
     parser.add_argument(
-        "--repeats", type=positive_int, default=1,
+        "--repeats",
+        type=positive_int,
+        default=1,
         help="time each generation (engine: each run, taking turns) this many times and report the median",
     )
     parser.add_argument("--output", default=None, help="write results as JSON here")
@@ -129,9 +150,10 @@ class MethodResult:
             "peak_rss_mib": self.peak_rss_bytes / 2**20,
         }
 
-
     def acceptance_by_depth(self) -> list[float]:
-        return SpeculativeAcceptance().compute(drafted=self.stats.drafted, accepted=self.stats.accepted)["acceptance_by_depth"]
+        return SpeculativeAcceptance().compute(drafted=self.stats.drafted, accepted=self.stats.accepted)[
+            "acceptance_by_depth"
+        ]
 
     def time_split(self) -> dict[str, float]:
         """Share of wall time in drafting (by phase where the drafter reports phases), target forwards, the rest."""
@@ -145,7 +167,9 @@ class MethodResult:
         return split
 
 
-def drafter_methods(name: str, drafter, full_vocab_variant: bool = False, schedules: tuple[str, ...] = ("dcut",)) -> list[Method]:
+def drafter_methods(
+    name: str, drafter, full_vocab_variant: bool = False, schedules: tuple[str, ...] = ("dcut",)
+) -> list[Method]:
     """The methods a drafter takes part in: ours through `generate(assistant_model=...)` with each verify-depth
     schedule, and for the DFlash configuration also transformers' built-in DFlash generator."""
     config = drafter.config
@@ -160,7 +184,9 @@ def drafter_methods(name: str, drafter, full_vocab_variant: bool = False, schedu
     if full_vocab_variant and config.draft_vocab_size:
         full = drafter.with_full_vocabulary()
         policy = methods[0].policy
-        methods.append(Method(f"{kind}:{name}+full-vocab-head[{policy.label}]", {"assistant_model": full}, full, policy))
+        methods.append(
+            Method(f"{kind}:{name}+full-vocab-head[{policy.label}]", {"assistant_model": full}, full, policy)
+        )
     if kind == "dflash":
         builtin = {"assistant_model": drafter.as_transformers_dflash(), "speculation_type": "dflash"}
         methods.append(Method(f"transformers-dflash:{name}", builtin))
@@ -193,7 +219,9 @@ class TargetForwardMeter:
     def _after(self, *args):
         self.count += 1
         self.seconds += time.perf_counter() - self._start
-        self.peak_bytes = max(self.peak_bytes, resident_memory_bytes(self.device))  # at the forward's peak: outputs held
+        self.peak_bytes = max(
+            self.peak_bytes, resident_memory_bytes(self.device)
+        )  # at the forward's peak: outputs held
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -201,7 +229,12 @@ class TargetForwardMeter:
 
 
 def run_benchmark(
-    target, tokenizer, methods: list[Method], prompts: list[str], max_new_tokens: int, repeats: int = 1,
+    target,
+    tokenizer,
+    methods: list[Method],
+    prompts: list[str],
+    max_new_tokens: int,
+    repeats: int = 1,
     warm_up: bool = True,
 ) -> dict:
     """Run AR and every method on `prompts`, back to back per prompt; return the JSON-ready results. With
@@ -215,7 +248,10 @@ def run_benchmark(
         if encoded and warm_up:  # first calls pay for allocations and kernel selection
             for method in methods:
                 if method.error is None:
-                    _guarded(results[method.name], lambda: _run_method(target, method, encoded[0], {"max_new_tokens": 4, "do_sample": False}))
+                    _guarded(
+                        results[method.name],
+                        lambda: _run_method(target, method, encoded[0], {"max_new_tokens": 4, "do_sample": False}),
+                    )
         for input_ids in tqdm(encoded, desc="bench", unit="prompt"):
             reference = None
             for method in methods:
@@ -254,8 +290,11 @@ def run_benchmark(
         "methods": [result.to_dict(ar_tokens_per_s) for result in results.values()],
     }
     # What D-cut decided with: this machine's verify-cost profile and each adaptive method's calibration.
-    adaptive = [(entry, method) for entry, method in zip(report["methods"], methods)
-                if isinstance(method.policy, DCut) and not entry.get("failed")]
+    adaptive = [
+        (entry, method)
+        for entry, method in zip(report["methods"], methods)
+        if isinstance(method.policy, DCut) and not entry.get("failed")
+    ]
     if adaptive:
         report["verify_cost"] = dataclasses.asdict(load_cost_model(target))
     for entry, method in adaptive:
@@ -305,7 +344,9 @@ def machine_state() -> dict:
 
 
 def format_table(results: dict) -> str:
-    header = f"{'method':<40} {'tau':>6} {'tok/s':>8} {'speedup':>8} {'identical':>9} {'draft%':>7}  acceptance by depth"
+    header = (
+        f"{'method':<40} {'tau':>6} {'tok/s':>8} {'speedup':>8} {'identical':>9} {'draft%':>7}  acceptance by depth"
+    )
     lines = [header, "-" * len(header)]
     for method in results["methods"]:
         if method.get("failed"):
@@ -320,8 +361,15 @@ def format_table(results: dict) -> str:
 
 
 METHOD_COLUMNS = (
-    "method", "τ", "tokens/s", "speedup vs AR", "identical to AR", "divergences (near-tie)",
-    "time: draft / target / other", "peak RSS MiB", "acceptance by depth",
+    "method",
+    "τ",
+    "tokens/s",
+    "speedup vs AR",
+    "identical to AR",
+    "divergences (near-tie)",
+    "time: draft / target / other",
+    "peak RSS MiB",
+    "acceptance by depth",
 )
 
 
@@ -342,9 +390,14 @@ def method_row(method: dict, *leading: str) -> str:
         cells = [method["name"], f"failed: {method['error']}"] + [""] * (len(METHOD_COLUMNS) - 2)
     else:
         cells = [
-            method["name"], f"{method['tau']:.2f}", f"{method['tokens_per_s']:.1f}", f"{method['speedup']:.2f}×",
-            f"{method['identical']}/{method['prompts']}", f"{method['divergences']} ({method['near_tie_divergences']})",
-            _time_split_cell(method["time_split"]), f"{method['peak_rss_mib']:.0f}",
+            method["name"],
+            f"{method['tau']:.2f}",
+            f"{method['tokens_per_s']:.1f}",
+            f"{method['speedup']:.2f}×",
+            f"{method['identical']}/{method['prompts']}",
+            f"{method['divergences']} ({method['near_tie_divergences']})",
+            _time_split_cell(method["time_split"]),
+            f"{method['peak_rss_mib']:.0f}",
             ", ".join(f"{rate:.2f}" for rate in method["acceptance_by_depth"]) or "—",
         ]
     return "| " + " | ".join([*leading, *cells]) + " |"
@@ -374,7 +427,9 @@ def early_exit_assistant(target, num_layers: int):
 
     total = target.config.get_text_config().num_hidden_layers
     if not 1 <= num_layers < total:
-        raise ValueError(f"An early-exit assistant needs 1 to {total - 1} of the target's {total} layers, got {num_layers}")
+        raise ValueError(
+            f"An early-exit assistant needs 1 to {total - 1} of the target's {total} layers, got {num_layers}"
+        )
     config = copy.deepcopy(target.config)
     config.num_hidden_layers = num_layers
     if getattr(config, "layer_types", None):
@@ -387,7 +442,9 @@ def early_exit_assistant(target, num_layers: int):
     assistant.lm_head = target.lm_head
     unset = [name for name, tensor in [*assistant.named_parameters(), *assistant.named_buffers()] if tensor.is_meta]
     if unset:
-        raise ValueError(f"Early-exit assistant: {type(target).__name__} keeps {unset[:3]} outside its decoder and lm_head")
+        raise ValueError(
+            f"Early-exit assistant: {type(target).__name__} keeps {unset[:3]} outside its decoder and lm_head"
+        )
     assistant.generation_config = copy.deepcopy(target.generation_config)
     return assistant.eval()
 
@@ -428,7 +485,9 @@ def main(args: argparse.Namespace) -> dict:
             continue
         if args.num_draft_tokens is not None:
             drafter.generation_config.num_assistant_tokens = args.num_draft_tokens
-        schedules = tuple(schedule.strip() for schedule in (own_schedules or args.schedules).split(",") if schedule.strip())
+        schedules = tuple(
+            schedule.strip() for schedule in (own_schedules or args.schedules).split(",") if schedule.strip()
+        )
         name = os.path.basename(os.path.normpath(path))
         if args.concurrency:
             engine_drafters.append((name, drafter, schedules))
@@ -439,13 +498,17 @@ def main(args: argparse.Namespace) -> dict:
         from .engine_bench import main as engine_main
 
         report = engine_main(args, target, engine_drafters, prompts)
-        report.update(machine=machine_state(), prompts=args.prompts, target=getattr(target.model.config, "name_or_path", None))
+        report.update(
+            machine=machine_state(), prompts=args.prompts, target=getattr(target.model.config, "name_or_path", None)
+        )
         if args.output:
             os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
             with open(args.output, "w") as handle:
                 json.dump(report, handle, indent=2)
         return report
-    results = run_benchmark(target.model, target.tokenizer, methods, prompts, args.max_new_tokens, repeats=args.repeats)
+    results = run_benchmark(
+        target.model, target.tokenizer, methods, prompts, args.max_new_tokens, repeats=args.repeats
+    )
     results["prompts"] = args.prompts
     results["command"] = getattr(args, "command_line", None)
     print(format_table(results))

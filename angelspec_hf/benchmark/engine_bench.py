@@ -23,7 +23,9 @@ from ..metrics import SpeculationStats
 from ..prompts import encode_chat
 
 
-def engine_run(target, drafter, policy: str, requests: list[Request], concurrency: int, cost_model=None) -> tuple[dict, list]:
+def engine_run(
+    target, drafter, policy: str, requests: list[Request], concurrency: int, cost_model=None
+) -> tuple[dict, list]:
     """One engine run; returns its metrics and the outputs."""
     engine = SpeculativeEngine(target, drafter, policy=policy, max_batch_size=concurrency, cost_model=cost_model)
     outputs = engine.generate([dataclasses.replace(r) for r in requests])
@@ -40,7 +42,9 @@ def engine_run(target, drafter, policy: str, requests: list[Request], concurrenc
         "seconds": stats.seconds,
         "rounds": stats.rounds,
         "skipped_draft_rounds": stats.skipped_drafts,
-        "time_split": {name: value / stats.seconds for name, value in stats.phase_seconds.items()} if stats.seconds else {},
+        "time_split": {name: value / stats.seconds for name, value in stats.phase_seconds.items()}
+        if stats.seconds
+        else {},
         "peak_rows": stats.peak_rows,
         "peak_kv_cache_mib": stats.peak_cache_bytes / 2**20,
         "peak_rss_mib": stats.peak_rss_bytes / 2**20,
@@ -49,8 +53,14 @@ def engine_run(target, drafter, policy: str, requests: list[Request], concurrenc
 
 
 def run_engine_benchmark(
-    target, tokenizer, drafters: list[tuple[str, object, tuple[str, ...]]], prompts: list[str], concurrencies: list[int],
-    max_new_tokens: int, min_requests: int = 8, repeats: int = 1,
+    target,
+    tokenizer,
+    drafters: list[tuple[str, object, tuple[str, ...]]],
+    prompts: list[str],
+    concurrencies: list[int],
+    max_new_tokens: int,
+    min_requests: int = 8,
+    repeats: int = 1,
 ) -> dict:
     """Batched AR and every (drafter, policy) at every concurrency, on the same requests. With `repeats` > 1 the
     runs of a concurrency take turns, so a drift in the machine's speed touches every method alike, and each method
@@ -73,11 +83,18 @@ def run_engine_benchmark(
     ]
     levels = []
     for concurrency in tqdm(concurrencies, desc="concurrency"):
-        requests = [Request(ids, max_new_tokens=max_new_tokens, request_id=i) for i, ids in enumerate(encoded[: max(concurrency, min_requests)])]
+        requests = [
+            Request(ids, max_new_tokens=max_new_tokens, request_id=i)
+            for i, ids in enumerate(encoded[: max(concurrency, min_requests)])
+        ]
         timed: dict[str, list] = {name: [] for name, _, _ in methods}
         for _ in range(repeats):
             for name, drafter, policy in methods:
-                timed[name].append(engine_run(target, drafter, policy, requests, concurrency, cost_model if drafter is not None else None))
+                timed[name].append(
+                    engine_run(
+                        target, drafter, policy, requests, concurrency, cost_model if drafter is not None else None
+                    )
+                )
         reference = timed["batched-ar"][0][1]
         runs = []
         for name, drafter, policy in methods:
@@ -91,7 +108,12 @@ def run_engine_benchmark(
         for metrics in runs:
             metrics["speedup"] = metrics["tokens_per_s"] / runs[0]["tokens_per_s"] if runs[0]["tokens_per_s"] else 0.0
         levels.append({"concurrency": concurrency, "requests": len(requests), "repeats": repeats, "runs": runs})
-    report = {"max_new_tokens": max_new_tokens, "repeats": repeats, "concurrency": levels, "summary": summarize(levels)}
+    report = {
+        "max_new_tokens": max_new_tokens,
+        "repeats": repeats,
+        "concurrency": levels,
+        "summary": summarize(levels),
+    }
     if cost_model is not None:
         report["verify_cost"] = dataclasses.asdict(cost_model)
     return report
@@ -121,7 +143,8 @@ def summarize(levels: list[dict]) -> dict:
             if "dcut" in runs and constant:
                 best = max(constant, key=lambda label: constant[label]["tokens_per_s"])
                 entry["dcut_vs_best_constant"][level["concurrency"]] = {
-                    "best_constant": best, "ratio": runs["dcut"]["tokens_per_s"] / constant[best]["tokens_per_s"],
+                    "best_constant": best,
+                    "ratio": runs["dcut"]["tokens_per_s"] / constant[best]["tokens_per_s"],
                 }
             for label, run in constant.items():
                 if run["speedup"] < 1.0:
@@ -146,15 +169,28 @@ def format_engine_table(report: dict) -> str:
         ratios = ", ".join(
             f"C={c}: {v['ratio']:.2f}× of {v['best_constant']}" for c, v in entry["dcut_vs_best_constant"].items()
         )
-        losers = "; ".join(f"{p} at C={','.join(map(str, cs))}" for p, cs in sorted(entry["constant_slower_than_ar"].items())) or "none"
-        lines.append(f"\n{drafter}: D-cut vs best constant depth — {ratios}. Constant depths slower than batched AR: {losers}.")
+        losers = (
+            "; ".join(
+                f"{p} at C={','.join(map(str, cs))}" for p, cs in sorted(entry["constant_slower_than_ar"].items())
+            )
+            or "none"
+        )
+        lines.append(
+            f"\n{drafter}: D-cut vs best constant depth — {ratios}. Constant depths slower than batched AR: {losers}."
+        )
     return "\n".join(lines)
 
 
 def main(args, target, drafters, prompts: list[str]) -> dict:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     report = run_engine_benchmark(
-        target.model, target.tokenizer, drafters, prompts, concurrencies, args.max_new_tokens, args.min_requests,
+        target.model,
+        target.tokenizer,
+        drafters,
+        prompts,
+        concurrencies,
+        args.max_new_tokens,
+        args.min_requests,
         repeats=args.repeats,
     )
     report["command"] = getattr(args, "command_line", None)

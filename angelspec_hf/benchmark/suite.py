@@ -19,10 +19,19 @@ from dataclasses import dataclass
 
 from ..arguments import positive_int
 from .bench import (
-    Method, assisted_heuristic_method, drafter_methods, load_drafter, machine_state, markdown_table, method_row,
-    method_table_header, prompt_lookup_method, run_benchmark,
+    Method,
+    assisted_heuristic_method,
+    drafter_methods,
+    load_drafter,
+    machine_state,
+    markdown_table,
+    method_row,
+    method_table_header,
+    prompt_lookup_method,
+    run_benchmark,
 )
 from .engine_bench import format_engine_table, run_engine_benchmark
+
 
 SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 MT_BENCH_SUBCATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
@@ -50,11 +59,25 @@ class SuiteSize:
 
 
 QUICK = SuiteSize(  # a smoke run under 3 minutes: every method and both engine drafters, few tokens
-    1, 8, (1, 4), 8, {"mtp": ("constant-2", "dcut"), "dfly": ("constant-4", "dcut")}, 1, shortest=True, engine_requests=1
+    1,
+    8,
+    (1, 4),
+    8,
+    {"mtp": ("constant-2", "dcut"), "dfly": ("constant-4", "dcut")},
+    1,
+    shortest=True,
+    engine_requests=1,
 )
 FULL = SuiteSize(  # sized to finish within an hour on one CPU thread; every timing repeated twice (median)
-    2, 48, (1, 4, 16), 32,
-    {"mtp": ("constant-1", "constant-2", "constant-3", "dcut"), "dfly": ("constant-1", "constant-2", "constant-4", "constant-8", "dcut")}, 2,
+    2,
+    48,
+    (1, 4, 16),
+    32,
+    {
+        "mtp": ("constant-1", "constant-2", "constant-3", "dcut"),
+        "dfly": ("constant-1", "constant-2", "constant-4", "constant-8", "dcut"),
+    },
+    2,
     engine_repeats=2,
 )
 
@@ -84,7 +107,10 @@ def suite_methods(target, drafters_dir: str) -> tuple[list[Method], dict]:
     """The generate() methods (each drafter with D-cut) and the loaded drafters by kind; a drafter that cannot be
     loaded becomes a failed method."""
     layers = target.model.config.get_text_config().num_hidden_layers
-    methods, loaded = [prompt_lookup_method(3), assisted_heuristic_method(target.model, max(1, layers // EARLY_EXIT_FRACTION))], {}
+    methods, loaded = (
+        [prompt_lookup_method(3), assisted_heuristic_method(target.model, max(1, layers // EARLY_EXIT_FRACTION))],
+        {},
+    )
     for kind, card in DRAFTER_CARDS.items():
         path = os.path.join(drafters_dir, card)
         try:
@@ -101,19 +127,33 @@ def run_suite(target, size: SuiteSize, drafters_dir: str, data_dir: str | None =
     """Run the whole suite; returns the JSON-ready report."""
     methods, loaded = suite_methods(target, drafters_dir)
     domains = {}
-    for index, (domain, prompts) in enumerate(domain_prompts(size.prompts_per_domain, data_dir, size.shortest).items()):
+    for index, (domain, prompts) in enumerate(
+        domain_prompts(size.prompts_per_domain, data_dir, size.shortest).items()
+    ):
         domains[domain] = run_benchmark(
-            target.model, target.tokenizer, methods, prompts, size.max_new_tokens, repeats=size.repeats, warm_up=index == 0
+            target.model,
+            target.tokenizer,
+            methods,
+            prompts,
+            size.max_new_tokens,
+            repeats=size.repeats,
+            warm_up=index == 0,
         )
-    engine_drafters = [
-        (kind, loaded[kind], size.engine_policies[kind]) for kind in ("mtp", "dfly") if kind in loaded
-    ]
+    engine_drafters = [(kind, loaded[kind], size.engine_policies[kind]) for kind in ("mtp", "dfly") if kind in loaded]
     from ..prompts import load_prompts
 
-    mixed = load_prompts("mixed", data_dir=data_dir, limit=max(max(size.concurrencies), size.engine_requests))["prompt"]
+    mixed = load_prompts("mixed", data_dir=data_dir, limit=max(max(size.concurrencies), size.engine_requests))[
+        "prompt"
+    ]
     engine = run_engine_benchmark(
-        target.model, target.tokenizer, engine_drafters, mixed, list(size.concurrencies), size.engine_max_new_tokens,
-        min_requests=size.engine_requests, repeats=size.engine_repeats,
+        target.model,
+        target.tokenizer,
+        engine_drafters,
+        mixed,
+        list(size.concurrencies),
+        size.engine_max_new_tokens,
+        min_requests=size.engine_requests,
+        repeats=size.engine_repeats,
     )
     return {
         "machine": machine_state(),
@@ -152,7 +192,9 @@ def summary_table(report: dict) -> str:
         if entry["error"] is not None and not entry["speedup"]:
             lines.append(f"| {name} | failed: {entry['error']} |" + " |" * len(domains))
             continue
-        cells = [f"{entry['speedup'][d]:.2f}× (τ {entry['tau'][d]:.2f})" if d in entry["speedup"] else "—" for d in domains]
+        cells = [
+            f"{entry['speedup'][d]:.2f}× (τ {entry['tau'][d]:.2f})" if d in entry["speedup"] else "—" for d in domains
+        ]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {entry['median_speedup']:.2f}× |")
     return "\n".join(lines)
 
@@ -243,9 +285,13 @@ def markdown_report(report: dict, plots: list[str], relative_to: str, command: s
         "(a dash: transformers' own drafters are not timed apart, their drafting is in the rest).",
         "",
         *(
-            ["**This is a `--quick` smoke slice** (the shortest prompt of each domain, a few tokens): it shows that every",
-             "method runs; its ratios are too small a sample to rank methods. The full suite is `angelspec suite`.", ""]
-            if report.get("size_name") == "quick" else []
+            [
+                "**This is a `--quick` smoke slice** (the shortest prompt of each domain, a few tokens): it shows that every",
+                "method runs; its ratios are too small a sample to rank methods. The full suite is `angelspec suite`.",
+                "",
+            ]
+            if report.get("size_name") == "quick"
+            else []
         ),
         "## Speedup over AR per domain (τ in brackets)",
         "",
@@ -257,9 +303,14 @@ def markdown_report(report: dict, plots: list[str], relative_to: str, command: s
         parts += ["", f"## {domain}", "", markdown_table(result)]
     engine = report["engine"]
     parts += [
-        "", "## Batched engine (chat + math + code mix)", "",
+        "",
+        "## Batched engine (chat + math + code mix)",
+        "",
         f"{engine['max_new_tokens']} new tokens per request; tokens/s is the median of {engine.get('repeats', 1)} run(s) "
-        "of each method, the methods taking turns.", "", format_engine_table(engine), "",
+        "of each method, the methods taking turns.",
+        "",
+        format_engine_table(engine),
+        "",
     ]
     return "\n".join(parts)
 
@@ -282,16 +333,24 @@ def card_section(report: dict, card: str, kind: str) -> str:
     ]
     for domain, result in report["domains"].items():
         lines += [
-            method_row(method, domain) for method in result["methods"]
+            method_row(method, domain)
+            for method in result["methods"]
             if method["name"].partition(":")[2].partition("[")[0] == card  # "kind:card[schedule]"
         ]
     engine_rows = [
-        (level["concurrency"], run) for level in report["engine"]["concurrency"] for run in level["runs"]
+        (level["concurrency"], run)
+        for level in report["engine"]["concurrency"]
+        for run in level["runs"]
         if run["name"] == "batched-ar" or run["name"].startswith(f"{kind}[")
     ]
     if any(run["name"] != "batched-ar" for _, run in engine_rows):
-        lines += ["", "Batched engine, chat + math + code mix:", "", "| concurrency | policy | tokens/s | speedup vs batched AR | τ |",
-                  "| --- | --- | --- | --- | --- |"]
+        lines += [
+            "",
+            "Batched engine, chat + math + code mix:",
+            "",
+            "| concurrency | policy | tokens/s | speedup vs batched AR | τ |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         lines += [
             f"| {concurrency} | {run['name']} | {run['tokens_per_s']:.1f} | {run['speedup']:.2f}× | {run['tau']:.2f} |"
             for concurrency, run in engine_rows
@@ -325,7 +384,11 @@ def main(args) -> dict:
     from ..targets import load_target
 
     size = QUICK if args.quick else FULL
-    overrides = {"prompts_per_domain": args.prompts_per_domain, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats}
+    overrides = {
+        "prompts_per_domain": args.prompts_per_domain,
+        "max_new_tokens": args.max_new_tokens,
+        "repeats": args.repeats,
+    }
     size = dataclasses.replace(size, **{key: value for key, value in overrides.items() if value is not None})
     target = load_target(args.target)
     report = run_suite(target, size, args.drafters_dir, args.data_dir)
@@ -337,7 +400,9 @@ def main(args) -> dict:
     plots = write_plots(report, args.output_dir)
     markdown_path = args.benchmarks_md or os.path.join(args.output_dir, "RESULTS.md")
     with open(markdown_path, "w") as handle:
-        handle.write(markdown_report(report, plots, os.path.dirname(os.path.abspath(markdown_path)), report["command"]))
+        handle.write(
+            markdown_report(report, plots, os.path.dirname(os.path.abspath(markdown_path)), report["command"])
+        )
     print(summary_table(report))
     print(f"\nresults: {args.output_dir}/results.json, report: {markdown_path}")
     if args.update_model_cards:
@@ -351,12 +416,19 @@ def add_arguments(parser) -> None:
     parser.add_argument("--quick", action="store_true", help="a small slice (one prompt per domain, short outputs)")
     parser.add_argument("--drafters-dir", default="model_cards", help="folder holding the drafter model cards")
     parser.add_argument("--data-dir", default=None, help="local prompt folder (default ../shared/data)")
-    parser.add_argument("--prompts-per-domain", type=positive_int, default=None, help="override the size's prompts per domain")
-    parser.add_argument("--max-new-tokens", type=positive_int, default=None, help="override the size's new tokens per prompt")
-    parser.add_argument("--repeats", type=positive_int, default=None, help="time each generation this many times (median)")
+    parser.add_argument(
+        "--prompts-per-domain", type=positive_int, default=None, help="override the size's prompts per domain"
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=positive_int, default=None, help="override the size's new tokens per prompt"
+    )
+    parser.add_argument(
+        "--repeats", type=positive_int, default=None, help="time each generation this many times (median)"
+    )
     parser.add_argument("--output-dir", default="benchmarks/latest", help="results.json and the PNG plots")
     parser.add_argument("--benchmarks-md", default=None, help="write the Markdown report here (e.g. BENCHMARKS.md)")
     parser.add_argument(
-        "--update-model-cards", action="store_true",
+        "--update-model-cards",
+        action="store_true",
         help="rewrite the suite section of each drafter's model card README from this run",
     )

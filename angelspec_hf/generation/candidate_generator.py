@@ -68,7 +68,9 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
             # any token may complete a stop string: sampling with stop strings decodes without drafts, losslessly.
             warnings.warn(
                 "Sampling with stop_strings: speculative decoding would have to cut drafts by the tokens drawn, which "
-                "biases the output; this call decodes without drafts.", UserWarning, stacklevel=2,
+                "biases the output; this call decodes without drafts.",
+                UserWarning,
+                stacklevel=2,
             )
             self.may_draft = False
         self.state = drafter.new_draft_state()
@@ -98,18 +100,29 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
             return input_ids, None
         temperatures = torch.tensor([self.temperature])
         draft_ids, draft_logits, self.drafting = draft_round(
-            self.drafter, self.state, self.policy, [self.row], self.pending_hidden, self.pending_tokens, count,
-            temperatures, sampled=[self.do_sample],
+            self.drafter,
+            self.state,
+            self.policy,
+            [self.row],
+            self.pending_hidden,
+            self.pending_tokens,
+            count,
+            temperatures,
+            sampled=[self.do_sample],
         )
         self.pending_hidden, self.pending_tokens = (), self.pending_tokens[:, :0]
         draft_ids = draft_ids[:, : self.drafting.usable_steps()[0]]  # a broken drafter's non-finite scores: no draft
         draft_ids = self.cut_before_stop_string(input_ids, draft_ids)
-        (self.num_drafted,) = self.policy.depths(self.drafting, [draft_ids.shape[1]], [self.row], self.drafting.seconds)
+        (self.num_drafted,) = self.policy.depths(
+            self.drafting, [draft_ids.shape[1]], [self.row], self.drafting.seconds
+        )
         self.stats.add_drafting_time(self.drafting)
         candidates = torch.cat([input_ids, draft_ids[:, : self.num_drafted]], dim=1)
         if not self.do_sample or self.num_drafted == 0:
             return candidates, None
-        return candidates, self.drafter.to_target_logits(draft_logits[:, : self.num_drafted].float() / self.temperature)
+        return candidates, self.drafter.to_target_logits(
+            draft_logits[:, : self.num_drafted].float() / self.temperature
+        )
 
     def cut_before_stop_string(self, input_ids: torch.LongTensor, draft_ids: torch.LongTensor) -> torch.LongTensor:
         """Drop drafts from the first one that would complete a stop string.

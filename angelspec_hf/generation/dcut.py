@@ -27,8 +27,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 import torch
-from transformers import DynamicCache
 from tqdm.auto import tqdm
+from transformers import DynamicCache
+
 
 PROFILED_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 MAX_VERIFY_SECONDS = 600.0  # a profiled forward slower than this is a corrupt profile, not a measurement
@@ -93,11 +94,15 @@ class VerifyCostModel:
             problem = _counts_problem(name, values)
             if problem is not None:
                 return problem
-        if not isinstance(self.seconds, list) or len(self.seconds) != len(self.rows) or not all(
-            isinstance(line, list) and len(line) == len(self.tokens) for line in self.seconds
+        if (
+            not isinstance(self.seconds, list)
+            or len(self.seconds) != len(self.rows)
+            or not all(isinstance(line, list) and len(line) == len(self.tokens) for line in self.seconds)
         ):
             return f"seconds must be {len(self.rows)} lists of {len(self.tokens)} latencies (rows × tokens)"
-        bad = next((v for line in self.seconds for v in line if not _is_number(v) or not 0 < v <= MAX_VERIFY_SECONDS), None)
+        bad = next(
+            (v for line in self.seconds for v in line if not _is_number(v) or not 0 < v <= MAX_VERIFY_SECONDS), None
+        )
         if bad is not None:
             return f"latency {bad!r} is not a number of seconds in (0, {MAX_VERIFY_SECONDS:g}]"
         return None
@@ -132,7 +137,11 @@ def _interpolate(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
 
 @torch.no_grad()
 def profile_verify_cost(
-    target, rows: Sequence[int] = (1,), tokens: Sequence[int] = PROFILED_TOKENS, context: int = 128, repeats: int = 5,
+    target,
+    rows: Sequence[int] = (1,),
+    tokens: Sequence[int] = PROFILED_TOKENS,
+    context: int = 128,
+    repeats: int = 5,
     progress: bool = True,
 ) -> VerifyCostModel:
     """Time target forwards of `rows` × `tokens` new tokens over a `context`-token KV cache (median of `repeats`)."""
@@ -142,7 +151,9 @@ def profile_verify_cost(
         if problem is not None:
             raise ValueError(problem)
     if not isinstance(repeats, int) or repeats < 1 or not isinstance(context, int) or context < 1:
-        raise ValueError(f"repeats and context must be positive integers, got repeats={repeats!r}, context={context!r}")
+        raise ValueError(
+            f"repeats and context must be positive integers, got repeats={repeats!r}, context={context!r}"
+        )
     vocab = target.config.get_text_config().vocab_size
     generator = torch.Generator().manual_seed(0)
     seconds = []
@@ -231,8 +242,11 @@ class ConfidenceCalibrator:
     def table(self) -> list[dict]:
         """The calibration: per raw-confidence bin, how often it was tried and the observed acceptance rate."""
         return [
-            {"raw_confidence": [b / self.num_bins, (b + 1) / self.num_bins], "weight": float(self.tried[b]),
-             "accepted_rate": float(self.accepted[b] / self.tried[b]) if self.tried[b] > 0 else None}
+            {
+                "raw_confidence": [b / self.num_bins, (b + 1) / self.num_bins],
+                "weight": float(self.tried[b]),
+                "accepted_rate": float(self.accepted[b] / self.tried[b]) if self.tried[b] > 0 else None,
+            }
             for b in range(self.num_bins)
         ]
 
@@ -262,7 +276,9 @@ class DraftRound:
     A row whose draft scores turn non-finite (a broken drafter) drafts nothing usable from that step on.
     """
 
-    def __init__(self, temperatures: torch.Tensor, sampled: Sequence[bool], generators=None, reads_backlog: bool = False):
+    def __init__(
+        self, temperatures: torch.Tensor, sampled: Sequence[bool], generators=None, reads_backlog: bool = False
+    ):
         self.start = time.perf_counter()
         self.seconds = 0.0  # the whole round's drafting time, once it is over
         self.reads_backlog = reads_backlog  # the drafter first read more than a round's verified tokens
@@ -280,7 +296,9 @@ class DraftRound:
         finite = torch.isfinite(probabilities).all(-1).cpu()
         if not bool(finite.all()):
             _warn_non_finite()
-            probabilities = torch.where(finite[:, None].to(probabilities.device), probabilities, 1.0 / probabilities.shape[-1])
+            probabilities = torch.where(
+                finite[:, None].to(probabilities.device), probabilities, 1.0 / probabilities.shape[-1]
+            )
         token = logits.argmax(-1)
         for row in self.sampled.nonzero()[:, 0].tolist():
             token[row] = torch.multinomial(probabilities[row], 1, generator=self.generators[row])[0]
@@ -322,7 +340,9 @@ class DraftRound:
     def worth_continuing(self, calibrator, verify_seconds, max_draft: int, step_seconds: float) -> bool:
         """D-cut's early exit after a step (`worth_drafting_further` on the calibrated confidences so far)."""
         confidences = list(calibrator(self.confidence()))
-        return worth_drafting_further(confidences, verify_seconds, max_draft, time.perf_counter() - self.start, step_seconds)
+        return worth_drafting_further(
+            confidences, verify_seconds, max_draft, time.perf_counter() - self.start, step_seconds
+        )
 
 
 def _warn_non_finite() -> None:
@@ -331,7 +351,9 @@ def _warn_non_finite() -> None:
         _warned_non_finite = True
         warnings.warn(
             "The drafter produced non-finite scores (NaN or inf): those drafts are not verified, and the target's "
-            "own tokens are emitted instead (shown once).", RuntimeWarning, stacklevel=3,
+            "own tokens are emitted instead (shown once).",
+            RuntimeWarning,
+            stacklevel=3,
         )
 
 
@@ -358,7 +380,9 @@ def dcut_depths(
     if any(sampled):
         open_rows = {r for r in range(rows) if sampled[r] and len(confidences[r])}
         for k in range(1, max((len(confidences[r]) for r in open_rows), default=0) + 1):
-            view = [c if not sampled[r] else c[: k if r in open_rows else committed[r]] for r, c in enumerate(confidences)]
+            view = [
+                c if not sampled[r] else c[: k if r in open_rows else committed[r]] for r, c in enumerate(confidences)
+            ]
             cut = _best_cut(view, verify_seconds, draft_seconds, committed)
             for r in sorted(open_rows):
                 if cut[r] >= k:
@@ -425,7 +449,9 @@ def worth_drafting_further(
     best = max(float(expected[w]) / (draft_seconds + verify_seconds(rows, 1 + w)) for w in range(drafted + 1))
     last = float(columns[:, -1].sum()) if drafted else rows * top_confidence
     for more in range(1, max_draft - drafted + 1):
-        rate = (float(expected[-1]) + more * last) / (draft_seconds + more * step_seconds + verify_seconds(rows, 1 + drafted + more))
+        rate = (float(expected[-1]) + more * last) / (
+            draft_seconds + more * step_seconds + verify_seconds(rows, 1 + drafted + more)
+        )
         if rate > best:
             return True
     return False

@@ -70,7 +70,9 @@ class EngineStats:
     """What one `generate()` call cost: wall time, time per phase, peak memory, rounds and batch occupancy."""
 
     seconds: float = 0.0
-    phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("prefill", "draft", "verify", "other"), 0.0))
+    phase_seconds: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(("prefill", "draft", "verify", "other"), 0.0)
+    )
     rounds: int = 0
     generated_tokens: int = 0
     peak_rows: int = 0
@@ -168,17 +170,23 @@ class SpeculativeEngine:
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
         if memory_budget_bytes is not None and memory_budget_bytes <= 0:
-            raise ValueError(f"memory_budget_bytes must be positive (None: half the free memory), got {memory_budget_bytes}")
+            raise ValueError(
+                f"memory_budget_bytes must be positive (None: half the free memory), got {memory_budget_bytes}"
+            )
         self.target = target
         self.drafter = drafter
         self.max_batch_size = max_batch_size
         self.device = target.device
         self.bytes_per_token = kv_bytes_per_token(target)
-        self.memory_budget_bytes = memory_budget_bytes if memory_budget_bytes is not None else available_memory_bytes(self.device) // 2
+        self.memory_budget_bytes = (
+            memory_budget_bytes if memory_budget_bytes is not None else available_memory_bytes(self.device) // 2
+        )
         self.vocab_size = target.config.get_text_config().vocab_size
         self.context_limit = getattr(target.config.get_text_config(), "max_position_embeddings", None)
         default_eos = target.generation_config.eos_token_id
-        self.default_eos = default_eos if isinstance(default_eos, list) else [] if default_eos is None else [default_eos]
+        self.default_eos = (
+            default_eos if isinstance(default_eos, list) else [] if default_eos is None else [default_eos]
+        )
         self.hidden_indices: list[int] = []
         self.policy: VerifyPolicy | None = None
         self.max_draft = 0
@@ -299,7 +307,11 @@ class SpeculativeEngine:
     def _admit(self) -> None:
         """Prefill waiting requests while the batch has room, each on its own, then merge them into the batch."""
         joined = []
-        while self._waiting and len(self.rows) < self.max_batch_size and (not self.rows or self._fits(self._waiting[0][0])):
+        while (
+            self._waiting
+            and len(self.rows) < self.max_batch_size
+            and (not self.rows or self._fits(self._waiting[0][0]))
+        ):
             request, output = self._waiting.popleft()
             try:
                 row, cache = self._prefill(request, output)
@@ -335,8 +347,12 @@ class SpeculativeEngine:
         ids = torch.tensor([request.input_ids], device=self.device)
         cache.append(torch.ones_like(ids, dtype=torch.bool))
         out = self.target(
-            input_ids=ids, attention_mask=cache.valid.long(), past_key_values=cache.cache, use_cache=True,
-            output_hidden_states=bool(self.hidden_indices), logits_to_keep=1,
+            input_ids=ids,
+            attention_mask=cache.valid.long(),
+            past_key_values=cache.cache,
+            use_cache=True,
+            output_hidden_states=bool(self.hidden_indices),
+            logits_to_keep=1,
         )
         token = int(self._sample(row, out.logits[0, -1:].float())[0])
         row.next_token = token
@@ -371,15 +387,31 @@ class SpeculativeEngine:
             return no_drafts
         width = max(len(row.pending_tokens) for row in self.rows)
         lengths = torch.tensor([len(row.pending_tokens) for row in self.rows], device=self.device)
-        tokens = torch.tensor([row.pending_tokens + [0] * (width - len(row.pending_tokens)) for row in self.rows], device=self.device)
+        tokens = torch.tensor(
+            [row.pending_tokens + [0] * (width - len(row.pending_tokens)) for row in self.rows], device=self.device
+        )
         hidden = tuple(
-            torch.stack([torch.nn.functional.pad(row.pending_hidden[i], (0, 0, 0, width - len(row.pending_tokens))) for row in self.rows])
+            torch.stack(
+                [
+                    torch.nn.functional.pad(row.pending_hidden[i], (0, 0, 0, width - len(row.pending_tokens)))
+                    for row in self.rows
+                ]
+            )
             for i in range(len(self.hidden_indices))
         )
         draft_ids, logits, drafting = draft_round(
-            self.drafter, self.draft_state, self.policy, [row.policy_row for row in self.rows], hidden, tokens, count,
-            temperatures=torch.tensor([row.request.temperature if row.request.do_sample else 1.0 for row in self.rows]),
-            sampled=[row.request.do_sample for row in self.rows], generators=[row.generator for row in self.rows],
+            self.drafter,
+            self.draft_state,
+            self.policy,
+            [row.policy_row for row in self.rows],
+            hidden,
+            tokens,
+            count,
+            temperatures=torch.tensor(
+                [row.request.temperature if row.request.do_sample else 1.0 for row in self.rows]
+            ),
+            sampled=[row.request.do_sample for row in self.rows],
+            generators=[row.generator for row in self.rows],
             new_lengths=lengths,
         )
         for row in self.rows:
@@ -405,13 +437,22 @@ class SpeculativeEngine:
             chunk[r, 0] = row.next_token
             chunk[r, 1 : 1 + depths[r]] = drafts[r, : depths[r]]
         positions = self.cache.position_ids(width)
-        self.cache.append(torch.arange(width, device=self.device)[None, :] < torch.tensor(depths, device=self.device)[:, None] + 1)
+        self.cache.append(
+            torch.arange(width, device=self.device)[None, :] < torch.tensor(depths, device=self.device)[:, None] + 1
+        )
         out = self.target(
-            input_ids=chunk, position_ids=positions, attention_mask=self.cache.valid.long(), past_key_values=self.cache.cache,
-            use_cache=True, output_hidden_states=bool(self.hidden_indices),
+            input_ids=chunk,
+            position_ids=positions,
+            attention_mask=self.cache.valid.long(),
+            past_key_values=self.cache.cache,
+            use_cache=True,
+            output_hidden_states=bool(self.hidden_indices),
         )
         keep = torch.zeros(len(self.rows), width, dtype=torch.bool, device=self.device)
-        observed, accepted_counts = list(depths), [0] * len(self.rows)  # what the policy learns from (failed rows: nothing)
+        observed, accepted_counts = (
+            list(depths),
+            [0] * len(self.rows),
+        )  # what the policy learns from (failed rows: nothing)
         greedy = out.logits.argmax(-1).tolist()  # the target's choice at every position, one call for all rows
         for r, row in enumerate(self.rows):
             depth = depths[r]
@@ -419,8 +460,12 @@ class SpeculativeEngine:
                 if row.request.do_sample:
                     q = None
                     if depth:
-                        q = (self.drafter.to_target_logits(draft_logits[r, :depth].float()) / row.request.temperature).softmax(-1)
-                    accepted, bonus = self._accept_sampled(row, out.logits[r, : depth + 1].float(), chunk[r, 1 : depth + 1], q)
+                        q = (
+                            self.drafter.to_target_logits(draft_logits[r, :depth].float()) / row.request.temperature
+                        ).softmax(-1)
+                    accepted, bonus = self._accept_sampled(
+                        row, out.logits[r, : depth + 1].float(), chunk[r, 1 : depth + 1], q
+                    )
                 else:  # drafts are accepted while they equal the target's argmax
                     drafted = chunk[r, 1 : depth + 1].tolist()
                     accepted = next((k for k in range(depth) if drafted[k] != greedy[r][k]), depth)
@@ -446,7 +491,9 @@ class SpeculativeEngine:
             self.policy.observe(drafting, observed, accepted_counts, [row.policy_row for row in self.rows])
         self.stats.phase_seconds["verify"] += time.perf_counter() - start
 
-    def _accept_sampled(self, row: _Row, logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None) -> tuple[int, int]:
+    def _accept_sampled(
+        self, row: _Row, logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None
+    ) -> tuple[int, int]:
         """How many of `drafts` the target accepts, and the token it emits after them, by speculative rejection
         sampling: accept x with probability min(1, p(x)/q(x)); on rejection draw from norm(max(p - q, 0)). The
         output is distributed exactly as the target's."""
@@ -507,7 +554,10 @@ def _token_list(ids, vocab_size: int) -> tuple[list[int], str | None]:
     """Token ids given as an int, a list/tuple or a tensor (1-D, or one row) as a list, and what is wrong with them."""
     if isinstance(ids, torch.Tensor):
         if ids.dim() > 2 or (ids.dim() == 2 and ids.shape[0] != 1) or ids.is_floating_point() or ids.is_complex():
-            return [], f"token ids must be integers in a 1-D tensor or a single row, got a {ids.dtype} tensor of shape {tuple(ids.shape)}"
+            return (
+                [],
+                f"token ids must be integers in a 1-D tensor or a single row, got a {ids.dtype} tensor of shape {tuple(ids.shape)}",
+            )
     elif not _is_int(ids) and not isinstance(ids, (list, tuple)):
         return [], f"token ids must be a list or tensor of integers, got {type(ids).__name__}"
     ids = _ids(ids)
@@ -522,7 +572,11 @@ def _token_list(ids, vocab_size: int) -> tuple[list[int], str | None]:
 def _sampling_problem(request: Request) -> str | None:
     """What is wrong with a sampling request's settings, or None."""
     temperature, top_k, top_p = request.temperature, request.top_k, request.top_p
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < float("inf"):
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not 0 < temperature < float("inf")
+    ):
         return f"temperature must be a positive finite number when sampling, got {temperature!r}"
     if top_k is not None and (not _is_int(top_k) or top_k < 0):
         return f"top_k must be a non-negative integer (0 or None: off), got {top_k!r}"
@@ -533,7 +587,10 @@ def _sampling_problem(request: Request) -> str | None:
 
 def _fail(output: RequestOutput, error: Exception) -> None:
     """Finish a request with an error that happened while serving it (and warn, so it is never silent)."""
-    output.finish_reason, output.error = "error", f"request {output.request_id!r} failed: {type(error).__name__}: {error}"
+    output.finish_reason, output.error = (
+        "error",
+        f"request {output.request_id!r} failed: {type(error).__name__}: {error}",
+    )
     warnings.warn(output.error)
 
 
@@ -555,4 +612,3 @@ def _progress(total: int, enabled: bool):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="engine", unit="tok")
-

@@ -25,6 +25,7 @@ import torch
 
 from .dcut import ConfidenceCalibrator, DraftRound, dcut_depths, load_cost_model
 
+
 REPROBE_ROUNDS = 8  # after this many rounds without drafting D-cut drafts once anyway, to keep its estimate current
 MAX_REPROBE_ROUNDS = 64  # the interval doubles up to this while those probes confirm that drafting does not pay
 PROFILED_ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -74,7 +75,9 @@ class VerifyPolicy:
         """After a sequential drafting step: whether drafting on (up to `count`) can still pay."""
         return True
 
-    def depths(self, drafting: DraftRound, caps: list[int], rows: Sequence[RowState], draft_seconds: float) -> list[int]:
+    def depths(
+        self, drafting: DraftRound, caps: list[int], rows: Sequence[RowState], draft_seconds: float
+    ) -> list[int]:
         """Drafted tokens to verify per row, each at most its `caps[r]` (length limit, usable draft scores)."""
         return list(caps)
 
@@ -203,7 +206,9 @@ class DCut(VerifyPolicy):
         self.depth_confidence = self.depth_confidence.cummin(0).values
         if not drafting.reads_backlog:
             first = drafting.first_step_seconds()
-            self.first_draft_seconds = first if self.first_draft_seconds is None else 0.8 * self.first_draft_seconds + 0.2 * first
+            self.first_draft_seconds = (
+                first if self.first_draft_seconds is None else 0.8 * self.first_draft_seconds + 0.2 * first
+            )
 
     def observe(self, drafting, depths, accepted, rows):
         verified = [r for r, depth in enumerate(depths) if depth]
@@ -249,8 +254,17 @@ def resolve_policy(policy: VerifyPolicy | str | None, drafter, cost_model=None) 
 
 
 def draft_round(
-    drafter, state, policy: VerifyPolicy, rows: Sequence[RowState], hidden, tokens, count: int,
-    temperatures: torch.Tensor, sampled: Sequence[bool], generators=None, new_lengths=None,
+    drafter,
+    state,
+    policy: VerifyPolicy,
+    rows: Sequence[RowState],
+    hidden,
+    tokens,
+    count: int,
+    temperatures: torch.Tensor,
+    sampled: Sequence[bool],
+    generators=None,
+    new_lengths=None,
 ) -> tuple[torch.LongTensor, torch.Tensor, DraftRound]:
     """One drafting round, the same for `generate()` and the engine: the drafter reads the verified tokens (`tokens`
     with their target `hidden` states) and drafts up to `count` tokens per row, each picked by a `DraftRound`
@@ -260,7 +274,12 @@ def draft_round(
     reads_backlog = tokens.shape[1] > policy.max_draft + 1  # after skipped rounds, or a new prompt
     drafting = DraftRound(temperatures, sampled=sampled, generators=generators, reads_backlog=reads_backlog)
     draft_ids, logits = drafter.propose(
-        state, hidden, tokens, count, drafting.choose, keep_drafting=lambda: policy.keep_drafting(drafting, count),
+        state,
+        hidden,
+        tokens,
+        count,
+        drafting.choose,
+        keep_drafting=lambda: policy.keep_drafting(drafting, count),
         new_lengths=new_lengths,
     )
     drafting.seconds = time.perf_counter() - drafting.start

@@ -23,6 +23,7 @@ from ..models.base import AngelSpecDrafterPreTrainedModel
 from .candidate_generator import AngelSpecCandidateGenerator
 from .engine import Request, SpeculativeEngine
 
+
 _ORIGINAL_GET_CANDIDATE_GENERATOR = GenerationMixin._get_candidate_generator
 _SIGNATURE = inspect.signature(_ORIGINAL_GET_CANDIDATE_GENERATOR)
 _ORIGINAL_ASSISTED_DECODING = GenerationMixin._assisted_decoding
@@ -49,13 +50,23 @@ def _assisted_decoding(self, *args, **kwargs):
     arguments = _ASSISTED_SIGNATURE.bind(self, *args, **kwargs).arguments
     drafter, input_ids = arguments.get("assistant_model"), arguments["input_ids"]
     if isinstance(drafter, AngelSpecDrafterPreTrainedModel) and input_ids.shape[0] > 1:
-        return batched_speculative_decoding(self, drafter, **{k: v for k, v in arguments.items() if k not in ("self", "assistant_model")})
+        return batched_speculative_decoding(
+            self, drafter, **{k: v for k, v in arguments.items() if k not in ("self", "assistant_model")}
+        )
     return _ORIGINAL_ASSISTED_DECODING(self, *args, **kwargs)
 
 
 def batched_speculative_decoding(
-    target, drafter, input_ids, logits_processor, stopping_criteria, generation_config, streamer=None, tokenizer=None,
-    model_kwargs=None, **_,
+    target,
+    drafter,
+    input_ids,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    streamer=None,
+    tokenizer=None,
+    model_kwargs=None,
+    **_,
 ):
     """`generate(batch, assistant_model=drafter)` for a batch: each row (its padding dropped by `attention_mask`) is
     a request of `SpeculativeEngine`, with the generation config's length limit, EOS and sampling settings and the
@@ -64,7 +75,11 @@ def batched_speculative_decoding(
     model_kwargs = model_kwargs or {}
     unsupported = [type(p).__name__ for p in logits_processor if not isinstance(p, _BATCHED_PROCESSORS)]
     unsupported += [type(c).__name__ for c in stopping_criteria if not isinstance(c, _BATCHED_CRITERIA)]
-    unsupported += [name for name in ("output_scores", "output_logits", "output_attentions", "output_hidden_states") if getattr(generation_config, name, False)]
+    unsupported += [
+        name
+        for name in ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
+        if getattr(generation_config, name, False)
+    ]
     if streamer is not None:
         unsupported.append("streamer")
     if unsupported:
@@ -77,13 +92,20 @@ def batched_speculative_decoding(
     eos = generation_config.eos_token_id
     requests = [
         Request(
-            row.tolist(), max_new_tokens=generation_config.max_length - input_ids.shape[1], eos_token_id=eos if eos is not None else [],
-            do_sample=bool(generation_config.do_sample), temperature=generation_config.temperature or 1.0,
-            top_k=generation_config.top_k, top_p=generation_config.top_p, seed=int(torch.randint(2**62, ()))
+            row.tolist(),
+            max_new_tokens=generation_config.max_length - input_ids.shape[1],
+            eos_token_id=eos if eos is not None else [],
+            do_sample=bool(generation_config.do_sample),
+            temperature=generation_config.temperature or 1.0,
+            top_k=generation_config.top_k,
+            top_p=generation_config.top_p,
+            seed=int(torch.randint(2**62, ())),
         )
         for row in rows
     ]
-    engine = SpeculativeEngine(target, drafter, max_batch_size=len(requests), tokenizer=tokenizer)  # the drafter's policy
+    engine = SpeculativeEngine(
+        target, drafter, max_batch_size=len(requests), tokenizer=tokenizer
+    )  # the drafter's policy
     outputs = engine.generate(requests)
     errors = [output.error for output in outputs if output.error]
     if errors:
@@ -91,10 +113,14 @@ def batched_speculative_decoding(
     pad = generation_config.pad_token_id
     pad = pad if pad is not None else (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
     longest = max(len(output.output_ids) for output in outputs)
-    sequences = torch.full((len(rows), input_ids.shape[1] + longest), pad, dtype=input_ids.dtype, device=input_ids.device)
+    sequences = torch.full(
+        (len(rows), input_ids.shape[1] + longest), pad, dtype=input_ids.dtype, device=input_ids.device
+    )
     sequences[:, : input_ids.shape[1]] = input_ids
     for r, output in enumerate(outputs):
-        sequences[r, input_ids.shape[1] : input_ids.shape[1] + len(output.output_ids)] = torch.tensor(output.output_ids)
+        sequences[r, input_ids.shape[1] : input_ids.shape[1] + len(output.output_ids)] = torch.tensor(
+            output.output_ids
+        )
     pooled = sum((output.stats for output in outputs), SpeculationStats())
     pooled.draft_seconds = engine.stats.phase_seconds["draft"]
     drafter.speculation_stats = pooled
@@ -110,13 +136,17 @@ def install() -> None:
     GenerationMixin._assisted_decoding = _assisted_decoding
 
 
-def speculative_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter=None, **model_kwargs):
+def speculative_generate(
+    model, input_ids, logits_processor, stopping_criteria, generation_config, drafter=None, **model_kwargs
+):
     """`custom_generate` entry point: `target.generate(ids, custom_generate=speculative_generate, drafter=drafter)`.
 
     Runs transformers' own assisted-decoding loop with the drafter, so results equal `assistant_model=drafter`.
     """
     if drafter is None:
-        raise ValueError("speculative_generate needs a drafter: generate(..., custom_generate=speculative_generate, drafter=drafter)")
+        raise ValueError(
+            "speculative_generate needs a drafter: generate(..., custom_generate=speculative_generate, drafter=drafter)"
+        )
     return model._assisted_decoding(
         input_ids, logits_processor, stopping_criteria, generation_config, assistant_model=drafter, **model_kwargs
     )

@@ -6,6 +6,7 @@ from .base import AngelSpecDrafterConfig, AngelSpecDrafterPreTrainedModel
 from .dfly import DFlyConfig, DFlyDrafter
 from .mtp import AngelSpecMTPConfig, AngelSpecMTPDrafter
 
+
 DRAFTER_CLASSES = {
     AngelSpecMTPConfig.model_type: (AngelSpecMTPConfig, AngelSpecMTPDrafter),
     DFlyConfig.model_type: (DFlyConfig, DFlyDrafter),

@@ -4,6 +4,7 @@ from .evaluation import AcceptanceEstimate, estimate_acceptance
 from .losses import distillation_kl, draft_loss, position_weighted_loss
 from .trainer import AngelSpecTrainer, last_complete_checkpoint
 
+
 __all__ = [
     "AcceptanceCallback",
     "AcceptanceEstimate",

@@ -35,7 +35,9 @@ def training_curve(run_dir: str) -> list[CurvePoint]:
             with open(path) as handle:
                 states.append(json.load(handle))
     if not states:
-        raise FileNotFoundError(f"No trainer_state.json in {run_dir} or its checkpoints: is it a training run's folder?")
+        raise FileNotFoundError(
+            f"No trainer_state.json in {run_dir} or its checkpoints: is it a training run's folder?"
+        )
     history = max(states, key=lambda state: state.get("global_step", 0))["log_history"]
     points, cpu_hours, tokens = [], None, None
     for entry in history:  # an evaluation's entry may lack the clock: use the latest one logged before it

@@ -84,7 +84,9 @@ def build_training_dataset(
 
 
 @torch.no_grad()
-def target_hidden_states(target, input_ids: torch.Tensor, position_ids: torch.Tensor, indices: list[int]) -> list[torch.Tensor]:
+def target_hidden_states(
+    target, input_ids: torch.Tensor, position_ids: torch.Tensor, indices: list[int]
+) -> list[torch.Tensor]:
     """The target's hidden states at `indices` for packed rows (no cache, so transformers masks per document). Runs
     the decoder without its LM head: the logits are not needed and cost a fifth of a small target's forward."""
     decoder = target.get_decoder()
@@ -97,7 +99,9 @@ def batch_hidden_states(drafter, target, inputs: dict) -> torch.Tensor:
     or computed by `target` (online)."""
     hidden = inputs.get("target_hidden")
     if hidden is None:
-        states = target_hidden_states(target, inputs["input_ids"], inputs["position_ids"], drafter.training_hidden_state_indices())
+        states = target_hidden_states(
+            target, inputs["input_ids"], inputs["position_ids"], drafter.training_hidden_state_indices()
+        )
         hidden = torch.stack(states, dim=1)
     return hidden.to(drafter.dtype).detach()
 
@@ -119,7 +123,9 @@ def target_fingerprint(target) -> str:
     float32 (540 MB) it takes about half a second.
     """
     digest = hashlib.sha256()
-    config = {k: v for k, v in target.config.to_dict().items() if not k.startswith("_") and k != "transformers_version"}
+    config = {
+        k: v for k, v in target.config.to_dict().items() if not k.startswith("_") and k != "transformers_version"
+    }
     digest.update(json.dumps(config, sort_keys=True, default=str).encode())
     for name, tensor in sorted(target.state_dict().items()):
         digest.update(f"{name} {tensor.dtype} {list(tensor.shape)}".encode())
@@ -181,7 +187,12 @@ def _open_hidden_cache(cache_file: str, manifest_file: str, key: dict, num_rows:
 
 
 def precompute_hidden_states(
-    dataset: datasets.Dataset, target, indices: list[int], cache_dir: str, dtype: str = "float16", batch_size: int = 4,
+    dataset: datasets.Dataset,
+    target,
+    indices: list[int],
+    cache_dir: str,
+    dtype: str = "float16",
+    batch_size: int = 4,
     shard_rows: int = 128,
 ) -> datasets.Dataset:
     """Offline mode: add `target_hidden` ([T, len(indices), H] per row) computed once and memory-mapped from disk.
@@ -197,15 +208,28 @@ def precompute_hidden_states(
     fingerprint = target_fingerprint(target)
     num_shards = max(1, -(-len(dataset) // shard_rows))
     shards = [
-        _cached_hidden_states(dataset.shard(num_shards, i, contiguous=True) if num_shards > 1 else dataset,
-                              target, fingerprint, indices, cache_dir, dtype, batch_size)
+        _cached_hidden_states(
+            dataset.shard(num_shards, i, contiguous=True) if num_shards > 1 else dataset,
+            target,
+            fingerprint,
+            indices,
+            cache_dir,
+            dtype,
+            batch_size,
+        )
         for i in range(num_shards)
     ]
     return (datasets.concatenate_datasets(shards) if num_shards > 1 else shards[0]).with_format("torch")
 
 
 def _cached_hidden_states(
-    dataset: datasets.Dataset, target, fingerprint: str, indices: list[int], cache_dir: str, dtype: str, batch_size: int
+    dataset: datasets.Dataset,
+    target,
+    fingerprint: str,
+    indices: list[int],
+    cache_dir: str,
+    dtype: str,
+    batch_size: int,
 ) -> datasets.Dataset:
     """`dataset` with `target_hidden`, from its verified cache file or computed into one (see `precompute_hidden_states`)."""
     hidden_size = target.config.get_text_config().hidden_size
@@ -283,7 +307,10 @@ class PackedCollator:
             )
         # Padding positions count up from 0 like a document of their own.
         batch["position_ids"] = torch.stack(
-            [torch.cat([torch.as_tensor(row["position_ids"]), torch.arange(width - len(row["position_ids"]))]) for row in rows]
+            [
+                torch.cat([torch.as_tensor(row["position_ids"]), torch.arange(width - len(row["position_ids"]))])
+                for row in rows
+            ]
         )
         if "target_hidden" in rows[0]:  # stored [T, N, H]; the drafter reads [B, N, T, H]
             hidden = [torch.as_tensor(row["target_hidden"]) for row in rows]

@@ -20,6 +20,7 @@ from ..metrics import SpeculationStats
 from .data import batch_hidden_states
 from .losses import position_weighted_loss
 
+
 RECALL_AT = (1, 2, 4, 8)
 
 
@@ -54,7 +55,9 @@ class AcceptanceEstimate:
         self.recall_tried += torch.bincount(depth[tried] - 1, minlength=self.num_draft_tokens).cpu().float()
         for column in range(len(RECALL_AT)):
             scored = tried & hits[:, column]
-            self.recall_hits[:, column] += torch.bincount(depth[scored] - 1, minlength=self.num_draft_tokens).cpu().float()
+            self.recall_hits[:, column] += (
+                torch.bincount(depth[scored] - 1, minlength=self.num_draft_tokens).cpu().float()
+            )
 
         chain = chain.view_as(input_ids).cpu()
         for row in range(input_ids.shape[0]):
@@ -86,7 +89,9 @@ class AcceptanceEstimate:
         metrics.update({f"acceptance_depth_{k + 1}": rate for k, rate in enumerate(full.acceptance_by_depth())})
         recall = self.recall_hits / self.recall_tried.clamp(min=1)[:, None]
         for column, n in enumerate(RECALL_AT):
-            metrics.update({f"recall_top{n}_depth_{k + 1}": recall[k, column].item() for k in range(self.num_draft_tokens)})
+            metrics.update(
+                {f"recall_top{n}_depth_{k + 1}": recall[k, column].item() for k in range(self.num_draft_tokens)}
+            )
         if self.losses:
             metrics["loss"] = sum(self.losses) / len(self.losses)
         metrics.update(rounds=full.target_forwards, documents=len(self.chains))
@@ -106,8 +111,11 @@ def estimate_acceptance(drafter, batches: Iterable[dict], target=None, num_draft
         for inputs in batches:
             hidden = batch_hidden_states(drafter, target, inputs)
             predictions = drafter(
-                target_hidden=hidden, input_ids=inputs["input_ids"], position_ids=inputs["position_ids"],
-                document_ids=inputs["document_ids"], loss_mask=inputs["loss_mask"],
+                target_hidden=hidden,
+                input_ids=inputs["input_ids"],
+                position_ids=inputs["position_ids"],
+                document_ids=inputs["document_ids"],
+                loss_mask=inputs["loss_mask"],
             )
             teacher = drafter.target_head_logits(hidden[:, -1].flatten(0, 1)[predictions.teacher_positions])
             loss = position_weighted_loss(drafter, predictions.logits, teacher, predictions.draft_positions)

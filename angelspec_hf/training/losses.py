@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 
 
-def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, top_k: int | None = None) -> torch.Tensor:
+def distillation_kl(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, top_k: int | None = None
+) -> torch.Tensor:
     """KL(p_target || q_draft) per prediction, over the draft vocabulary or only the teacher's top-k (renormalised)."""
     student_logp = student_logits.float().log_softmax(-1)
     teacher_logits = teacher_logits.float()
@@ -19,7 +21,10 @@ def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
 
 
 def draft_loss(
-    student_logits: torch.Tensor, teacher_logits: torch.Tensor, loss_type: str = "kl", top_k: int | None = None,
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    loss_type: str = "kl",
+    top_k: int | None = None,
     lk_eta: float = 3.0,
 ) -> torch.Tensor:
     """Per-prediction loss of a draft distribution q against the target distribution p.
@@ -41,7 +46,9 @@ def draft_loss(
     raise ValueError(f"Unknown loss_type {loss_type!r}")
 
 
-def position_weighted_loss(drafter, logits: torch.Tensor, teacher: torch.Tensor, draft_positions: torch.LongTensor) -> torch.Tensor:
+def position_weighted_loss(
+    drafter, logits: torch.Tensor, teacher: torch.Tensor, draft_positions: torch.LongTensor
+) -> torch.Tensor:
     """Σ_k w_k · mean loss of the predictions at draft position k, w = `drafter.draft_position_weights()`."""
     config = drafter.config
     per_prediction = draft_loss(logits, teacher, config.loss_type, config.kl_top_k, config.lk_eta)

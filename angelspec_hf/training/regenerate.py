@@ -74,7 +74,12 @@ def regenerate_responses(
     engine = SpeculativeEngine(target, max_batch_size=batch_size)
     sampling = {"do_sample": True, "temperature": temperature} if sampled else {}
     pending = [
-        (record, engine.submit(Request(record["prompt_ids"], max_new_tokens=max_new_tokens, seed=record.get("seed"), **sampling)))
+        (
+            record,
+            engine.submit(
+                Request(record["prompt_ids"], max_new_tokens=max_new_tokens, seed=record.get("seed"), **sampling)
+            ),
+        )
         for record in todo
     ]
     progress = tqdm(total=len(todo), desc="regenerating responses", unit="prompt")
@@ -131,8 +136,14 @@ def teacher_forced_responses(
             prompt_ids = encode_chat(tokenizer, row["prompt"])
             response_ids = tokenizer(row["reference"], add_special_tokens=False)["input_ids"][:max_response_tokens]
             if len(prompt_ids) <= max_prompt_tokens:
-                records.append({"source": source, "prompt": row["prompt"], "prompt_ids": prompt_ids,
-                                "response_ids": response_ids + [end_of_turn]})
+                records.append(
+                    {
+                        "source": source,
+                        "prompt": row["prompt"],
+                        "prompt_ids": prompt_ids,
+                        "response_ids": response_ids + [end_of_turn],
+                    }
+                )
     if python_source is not None:
         files = sorted(
             os.path.join(folder, name)
@@ -148,6 +159,8 @@ def teacher_forced_responses(
                 chunk = ids[start : start + chunk_tokens]
                 if len(chunk) >= 32:
                     name = f"{os.path.relpath(path, python_source)}@{start}"
-                    records.append({"source": "python_source", "prompt": name, "prompt_ids": [], "response_ids": chunk})
+                    records.append(
+                        {"source": "python_source", "prompt": name, "prompt_ids": [], "response_ids": chunk}
+                    )
     _write_records(records, output_path)
     return records

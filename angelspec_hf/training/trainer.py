@@ -17,10 +17,9 @@ from collections import defaultdict
 
 import torch
 from transformers import Trainer
-from transformers.trainer_utils import EvalLoopOutput
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, rotate_checkpoints
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalLoopOutput, SaveStrategy, rotate_checkpoints
 
 from .data import batch_hidden_states
 from .evaluation import estimate_acceptance
@@ -149,7 +148,9 @@ class AngelSpecTrainer(Trainer):
         loss = position_weighted_loss(drafter, outputs.logits, teacher, outputs.draft_positions)
         if outputs.hidden_states is not None:
             final = hidden[:, -1].flatten(0, 1)[outputs.teacher_positions]
-            loss = loss + drafter.config.hidden_regression_weight * feature_regression_loss(outputs.hidden_states, final)
+            loss = loss + drafter.config.hidden_regression_weight * feature_regression_loss(
+                outputs.hidden_states, final
+            )
         with torch.no_grad():
             agrees = outputs.logits.argmax(-1) == teacher.argmax(-1)
             for position in outputs.draft_positions.unique().tolist():
@@ -157,7 +158,9 @@ class AngelSpecTrainer(Trainer):
                 self._metrics[f"top1_agreement_position_{position}"].append(agreement)
         return (loss, outputs) if return_outputs else loss
 
-    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"):
+    def evaluation_loop(
+        self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
+    ):
         """Evaluation is the offline acceptance estimate (`estimate_acceptance`) on the eval dataset — held-out
         target-generated responses — with its distillation loss: `eval_tau`, `eval_tau_depth_k`,
         `eval_acceptance_depth_k`, `eval_recall_top{n}_depth_k`, `eval_loss`, each usable as `metric_for_best_model`."""

@@ -24,10 +24,20 @@ from transformers.utils import ModelOutput
 
 from .cache_utils import RaggedCache
 
+
 # Config keys of a target that describe its weights or provenance, not the shape of a layer.
 _NON_LAYER_KEYS = (
-    "architectures", "auto_map", "quantization_config", "_name_or_path", "name_or_path", "transformers_version",
-    "layer_types", "dtype", "torch_dtype", "output_hidden_states", "_attn_implementation_autoset",
+    "architectures",
+    "auto_map",
+    "quantization_config",
+    "_name_or_path",
+    "name_or_path",
+    "transformers_version",
+    "layer_types",
+    "dtype",
+    "torch_dtype",
+    "output_hidden_states",
+    "_attn_implementation_autoset",
 )
 # Target config keys a drafter is built from.
 _REQUIRED_TARGET_KEYS = ("model_type", "hidden_size", "vocab_size", "num_hidden_layers")
@@ -45,7 +55,9 @@ class DraftPredictions(ModelOutput):
     logits: torch.Tensor | None = None
     teacher_positions: torch.LongTensor | None = None
     draft_positions: torch.LongTensor | None = None
-    hidden_states: torch.Tensor | None = None  # [N, H] the draft features the head reads, where a drafter regresses them
+    hidden_states: torch.Tensor | None = (
+        None  # [N, H] the draft features the head reads, where a drafter regresses them
+    )
 
 
 @dataclass
@@ -106,7 +118,9 @@ def family_classes(model_type: str) -> FamilyClasses:
             module.apply_rotary_pos_emb,
         )
     except AttributeError as error:
-        raise ValueError(f"Model type {model_type!r} has no RMSNorm / rotary embedding to build a drafter from") from error
+        raise ValueError(
+            f"Model type {model_type!r} has no RMSNorm / rotary embedding to build a drafter from"
+        ) from error
 
 
 def check_int(name: str, value, minimum: int = 1, maximum: int | None = None) -> None:
@@ -343,7 +357,9 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         return DraftState(cache=RaggedCache(batch_size, self.device))
 
     @classmethod
-    def from_target(cls, target: PreTrainedModel, tokenizer=None, **config_kwargs) -> "AngelSpecDrafterPreTrainedModel":
+    def from_target(
+        cls, target: PreTrainedModel, tokenizer=None, **config_kwargs
+    ) -> "AngelSpecDrafterPreTrainedModel":
         """A freshly initialised drafter for `target`, bound to it and recording what it was built for."""
         from .targets import tokenizer_fingerprint
 
@@ -529,7 +545,8 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         if os.path.isdir(path):
             for required in ("config.json", "model.safetensors"):
                 if not os.path.isfile(os.path.join(path, required)) and not (
-                    required == "model.safetensors" and os.path.isfile(os.path.join(path, "model.safetensors.index.json"))
+                    required == "model.safetensors"
+                    and os.path.isfile(os.path.join(path, "model.safetensors.index.json"))
                 ):
                     raise FileNotFoundError(f"Drafter checkpoint {path!r} has no {required}")
         try:

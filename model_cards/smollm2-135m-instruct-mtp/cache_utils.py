@@ -59,7 +59,9 @@ class RaggedCache:
         (an empty row would turn the padding's keys into NaN)."""
         keys = torch.arange(self.width, device=self.valid.device)
         queries = torch.arange(count, device=self.valid.device)[:, None] + self.width - count
-        order = keys[None, :] <= queries if causal else torch.ones(count, self.width, dtype=torch.bool, device=keys.device)
+        order = (
+            keys[None, :] <= queries if causal else torch.ones(count, self.width, dtype=torch.bool, device=keys.device)
+        )
         return (self.valid[:, None, None, :] & order) | (keys[None, :] == queries)
 
     def position_ids(self, count: int, offset: int = 0) -> torch.LongTensor:
@@ -101,8 +103,10 @@ class RaggedCache:
             if any(len(t) != len(written[0]) for t in written):
                 raise ValueError(f"Cannot merge caches of {sorted({len(t) for t in written})} layers")
             template = written[0]
-            tensors = [t or [tuple(x.new_zeros(cache.batch_size, *x.shape[1:]) for x in pair) for pair in template]
-                       for cache, t in zip(parts, tensors)]
+            tensors = [
+                t or [tuple(x.new_zeros(cache.batch_size, *x.shape[1:]) for x in pair) for pair in template]
+                for cache, t in zip(parts, tensors)
+            ]
             holder = next(cache for cache in parts if cache.written_layers())
             for index, layer in enumerate(holder.written_layers()):  # the holder's layer objects carry on
                 layer.keys = torch.cat([t[index][0] for t in tensors], dim=0)
@@ -134,7 +138,9 @@ class RaggedCache:
     def written_layers(self) -> list:
         """The cache layers that hold [B, heads, columns, dim] tensors (a layer is created empty and filled by the
         first forward). Zero columns still count: such a layer has a batch size that row surgery must keep right."""
-        return [layer for layer in self.cache.layers if getattr(layer, "keys", None) is not None and layer.keys.dim() == 4]
+        return [
+            layer for layer in self.cache.layers if getattr(layer, "keys", None) is not None and layer.keys.dim() == 4
+        ]
 
     def tensors(self, width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each written layer's (keys, values), left-padded with zero columns to `width`."""

@@ -85,7 +85,9 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         target-vocabulary tokens x̃_k paired with it; `attention_mask` is a boolean [B, 1, T, T_past + T] mask
         (causal over the cache when omitted).
         """
-        fused = self.fusion(torch.cat([self.hidden_norm(hidden_states), self.embed_norm(self.embed_tokens(input_ids))], -1))
+        fused = self.fusion(
+            torch.cat([self.hidden_norm(hidden_states), self.embed_norm(self.embed_tokens(input_ids))], -1)
+        )
         if past_key_values is None and use_cache:
             past_key_values = DynamicCache()
         if attention_mask is None:
@@ -102,7 +104,10 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         )
         features = self.norm(hidden)
         return MTPDrafterOutput(
-            last_hidden_state=hidden, features=features, logits=self.draft_logits(features), past_key_values=past_key_values
+            last_hidden_state=hidden,
+            features=features,
+            logits=self.draft_logits(features),
+            past_key_values=past_key_values,
         )
 
     # -- training-time test (§2.2) --------------------------------------------------------------------------------
@@ -134,7 +139,8 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
             teacher_positions.append(rows * length + slots + depth + 1)
             draft_positions.append(torch.full_like(slots, depth + 1))
         return DraftPredictions(
-            logits=torch.cat(logits), teacher_positions=torch.cat(teacher_positions),
+            logits=torch.cat(logits),
+            teacher_positions=torch.cat(teacher_positions),
             draft_positions=torch.cat(draft_positions),
             hidden_states=torch.cat(features) if self.config.hidden_regression_weight else None,
         )
@@ -177,7 +183,9 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         depths = self.config.num_depths if self.config.training_time_test or not self.training else 1
         for depth in range(depths):
             mask = torch.cat([depth0_keys] + [eye] * depth, dim=-1)[:, None]
-            output = self.step(hidden, tokens, positions + depth, attention_mask=mask, past_key_values=cache, use_cache=True)
+            output = self.step(
+                hidden, tokens, positions + depth, attention_mask=mask, past_key_values=cache, use_cache=True
+            )
             outputs.append(output)
             hidden = output.last_hidden_state
             tokens = self._next_depth_tokens(output.logits.detach(), input_ids, depth)
@@ -232,11 +240,17 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         cache.append(new_valid)
         mask = cache.attention_mask(count)
         output = self.step(
-            self.condition(target_hidden), new_token_ids, positions, attention_mask=mask, past_key_values=cache.cache,
+            self.condition(target_hidden),
+            new_token_ids,
+            positions,
+            attention_mask=mask,
+            past_key_values=cache.cache,
             use_cache=True,
         )
         state.commit()
-        hidden, logits, position = (last_valid(t, new_valid) for t in (output.last_hidden_state, output.logits, positions))
+        hidden, logits, position = (
+            last_valid(t, new_valid) for t in (output.last_hidden_state, output.logits, positions)
+        )
         draft_ids, draft_logits = [], []
         for depth in range(num_tokens):
             token = self.to_target_ids(choose(logits[:, 0]))[:, None]
@@ -248,7 +262,9 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
                 position = position + 1
                 cache.append(new_valid.new_ones(batch, 1))
                 mask = cache.attention_mask(1)
-                output = self.step(hidden, token, position, attention_mask=mask, past_key_values=cache.cache, use_cache=True)
+                output = self.step(
+                    hidden, token, position, attention_mask=mask, past_key_values=cache.cache, use_cache=True
+                )
                 hidden, logits = output.last_hidden_state, output.logits
         if not draft_ids:
             return new_token_ids[:, :0], logits.new_zeros(batch, 0, logits.shape[-1])

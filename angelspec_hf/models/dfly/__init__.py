@@ -1,4 +1,5 @@
 from .configuration_dfly import DFlyConfig
 from .modeling_dfly import DFlyDrafter
 
+
 __all__ = ["DFlyConfig", "DFlyDrafter"]

@@ -84,7 +84,9 @@ class DFlyConfig(AngelSpecDrafterConfig):
         if mask_token_id is not None:
             check_int("mask_token_id", mask_token_id, minimum=0)
             if self.vocab_size is not None and mask_token_id >= self.vocab_size:
-                raise ValueError(f"mask_token_id {mask_token_id} is outside the target vocabulary of {self.vocab_size}")
+                raise ValueError(
+                    f"mask_token_id {mask_token_id} is outside the target vocabulary of {self.vocab_size}"
+                )
         max_positions = self.target_config.get("max_position_embeddings")
         if max_positions is not None and block_size > max_positions:
             raise ValueError(f"block_size {block_size} exceeds the target context of {max_positions} positions")

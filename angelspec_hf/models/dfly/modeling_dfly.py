@@ -52,7 +52,9 @@ class DFlyContextFusion(nn.Module):
         num_norms = config.num_draft_layers if self.per_layer_mix else 1
         self.norms = nn.ModuleList(rms_norm(hidden_size, eps=eps) for _ in range(num_norms))
         # w_i of the hybrid conditioning; zero logits start as a uniform mix.
-        self.layer_mix_logits = nn.Parameter(torch.zeros(config.num_draft_layers, num_taps)) if self.per_layer_mix else None
+        self.layer_mix_logits = (
+            nn.Parameter(torch.zeros(config.num_draft_layers, num_taps)) if self.per_layer_mix else None
+        )
 
     def forward(self, taps: list[torch.Tensor]) -> list[torch.Tensor]:
         """`taps`: T tensors [B, S, H]. Returns ctx_i [B, S, H] for every draft layer i."""
@@ -92,7 +94,9 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
         family = family_classes(config.target_model_type)
         eps = layer_config.rms_norm_eps
         self.context = DFlyContextFusion(config, family.rms_norm, eps)
-        self.layers = nn.ModuleList(family.decoder_layer(layer_config, layer_idx=i) for i in range(config.num_draft_layers))
+        self.layers = nn.ModuleList(
+            family.decoder_layer(layer_config, layer_idx=i) for i in range(config.num_draft_layers)
+        )
         self.rotary_emb = family.rotary_embedding(config=layer_config)
         self.norm = family.rms_norm(config.hidden_size, eps=eps)
         self.ar_head = DFlyPredecessorHead(config.hidden_size, family.rms_norm, eps) if config.ar_head else None
@@ -140,8 +144,12 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
         position_embeddings = self.rotary_emb(hidden, position_ids)
         for layer in self.layers:
             hidden = layer(
-                hidden, attention_mask=attention_mask, position_ids=position_ids, past_key_values=cache,
-                use_cache=True, position_embeddings=position_embeddings,
+                hidden,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+                position_embeddings=position_embeddings,
             )
         return self.norm(hidden)
 
@@ -185,11 +193,15 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
             chunks = self.all_anchors(eligible)
         predictions = []
         for anchors, anchor_valid in chunks:
-            predictions.append(self.predict_blocks(anchors, anchor_valid, cache, input_ids, position_ids, document_ids, loss_mask))
+            predictions.append(
+                self.predict_blocks(anchors, anchor_valid, cache, input_ids, position_ids, document_ids, loss_mask)
+            )
             cache.crop(-anchors.shape[1] * self.config.block_size)  # drop this chunk's block keys
         return DraftPredictions(**{key: torch.cat([chunk[key] for chunk in predictions]) for key in predictions[0]})
 
-    def predict_blocks(self, anchors, anchor_valid, cache, input_ids, position_ids, document_ids, loss_mask) -> DraftPredictions:
+    def predict_blocks(
+        self, anchors, anchor_valid, cache, input_ids, position_ids, document_ids, loss_mask
+    ) -> DraftPredictions:
         """The supervised predictions of the blocks at `anchors` [B, A] (context already in `cache`)."""
         batch, length = input_ids.shape
         block, num_anchors = self.config.block_size, anchors.shape[1]
@@ -207,7 +219,8 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
         targets = targets.clamp(max=length - 1)
         anchor_docs = document_ids.gather(1, anchors)[..., None]
         valid = (
-            inside & anchor_valid[..., None]
+            inside
+            & anchor_valid[..., None]
             & (document_ids.gather(1, targets.flatten(1)).view_as(targets) == anchor_docs)
             & loss_mask.gather(1, targets.flatten(1)).view_as(targets).bool()
         )
@@ -229,7 +242,10 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
 
     def sample_anchors(self, eligible) -> tuple[torch.LongTensor, torch.Tensor]:
         """Up to `anchors_per_row` random eligible anchors per row (padded with position 0, marked invalid)."""
-        orders = [candidates[torch.randperm(len(candidates), device=candidates.device)] for candidates in self._candidates(eligible)]
+        orders = [
+            candidates[torch.randperm(len(candidates), device=candidates.device)]
+            for candidates in self._candidates(eligible)
+        ]
         return self._pad_anchors([order[: self.config.anchors_per_row].sort().values for order in orders], eligible)
 
     def all_anchors(self, eligible) -> list[tuple[torch.LongTensor, torch.Tensor]]:
@@ -237,7 +253,10 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
         candidates = self._candidates(eligible)
         count = self.config.anchors_per_row
         num_chunks = max(1, -(-max(len(c) for c in candidates) // count))
-        return [self._pad_anchors([c[i * count : (i + 1) * count] for c in candidates], eligible) for i in range(num_chunks)]
+        return [
+            self._pad_anchors([c[i * count : (i + 1) * count] for c in candidates], eligible)
+            for i in range(num_chunks)
+        ]
 
     @staticmethod
     def _candidates(eligible) -> list[torch.LongTensor]:
@@ -287,7 +306,9 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
         it early when it says no. Returns target-vocabulary ids [B, ≤ num_tokens] and draft logits.
         """
         if num_tokens > self.config.block_size - 1:
-            raise ValueError(f"num_tokens {num_tokens} exceeds the block of {self.config.block_size} (anchor included)")
+            raise ValueError(
+                f"num_tokens {num_tokens} exceeds the block of {self.config.block_size} (anchor included)"
+            )
         cache, block = state.cache, self.config.block_size
         state.begin_round()  # drops the last round's block
         batch, count = new_token_ids.shape
@@ -305,7 +326,9 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
         hidden = self.run_block(self.embed_tokens(self.block_ids(anchor)), positions, mask, cache.cache)
         return self.draft_tokens(hidden[:, 1 : num_tokens + 1], anchor, choose, keep_drafting)
 
-    def draft_tokens(self, hidden: torch.Tensor, anchor: torch.LongTensor, choose, keep_drafting=None) -> tuple[torch.LongTensor, torch.Tensor]:
+    def draft_tokens(
+        self, hidden: torch.Tensor, anchor: torch.LongTensor, choose, keep_drafting=None
+    ) -> tuple[torch.LongTensor, torch.Tensor]:
         """Tokens of the block positions from their backbone states: vectorised for DFlash, sequential through the
         AR head for DFly (position k reads the token chosen at k-1)."""
         num_tokens = hidden.shape[1]
@@ -362,6 +385,8 @@ class TransformersDFlashAssistant(nn.Module):
         taps = context_hidden_states.split(drafter.config.hidden_size, dim=-1)
         drafter.write_context(past_key_values, taps, position_ids[:, :new])
         block = noise_embeds.shape[1]
-        everything = torch.ones(1, 1, block, past_key_values.get_seq_length() + block, dtype=torch.bool, device=noise_embeds.device)
+        everything = torch.ones(
+            1, 1, block, past_key_values.get_seq_length() + block, dtype=torch.bool, device=noise_embeds.device
+        )
         hidden = drafter.run_block(noise_embeds.to(drafter.dtype), position_ids[:, new:], everything, past_key_values)
         return BaseModelOutput(last_hidden_state=hidden)

@@ -1,4 +1,5 @@
 from .configuration_mtp import AngelSpecMTPConfig
 from .modeling_mtp import AngelSpecMTPDrafter
 
+
 __all__ = ["AngelSpecMTPConfig", "AngelSpecMTPDrafter"]
