@@ -27,6 +27,7 @@ from angelspec_hf.training import (  # noqa: E402
     AcceptanceCallback,
     AngelSpecTrainer,
     CpuClockCallback,
+    GracefulStopCallback,
     PackedCollator,
     build_training_dataset,
     last_complete_checkpoint,
@@ -212,7 +213,7 @@ def main(argv: list[str]) -> None:
         for row in load_prompts(data_args.eval_sources, data_dir=data_args.data_dir)
         if row["prompt"] not in trained_prompts
     ][: data_args.eval_prompts]
-    callbacks = [CpuClockCallback(data_args.max_cpu_minutes)]
+    callbacks = [CpuClockCallback(data_args.max_cpu_minutes), GracefulStopCallback()]
     if held_back:
         callbacks.append(
             AcceptanceCallback(

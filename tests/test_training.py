@@ -370,3 +370,25 @@ def test_training_curve_reads_the_newest_state_and_plots(tmp_path):
     assert os.path.getsize(tmp_path / "curve.png") > 0
     with pytest.raises(SystemExit):
         cli_main(["curve", str(tmp_path / "missing")])
+
+
+def test_sigterm_stops_training_at_the_step_with_a_checkpoint(chat_target, smollm2_tokenizer, responses, tmp_path):
+    import signal
+
+    from transformers import TrainerCallback
+
+    from angelspec_hf.training import GracefulStopCallback
+
+    class TerminateAtStepTwo(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 1:  # step 2 is under way when the signal comes
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    handler = signal.getsignal(signal.SIGTERM)
+    dataset = build_training_dataset(responses, max_length=128)
+    trainer = make_trainer(chat_target, smollm2_tokenizer, dataset, tmp_path, save_strategy="steps", save_steps=100)
+    trainer.add_callback(GracefulStopCallback())
+    trainer.add_callback(TerminateAtStepTwo())
+    trainer.train()
+    assert trainer.state.global_step == 2 and os.path.isdir(tmp_path / "checkpoint-2")
+    assert signal.getsignal(signal.SIGTERM) == handler

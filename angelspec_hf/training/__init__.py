@@ -1,4 +1,4 @@
-from .callbacks import AcceptanceCallback, CpuClockCallback, measure_acceptance
+from .callbacks import AcceptanceCallback, CpuClockCallback, GracefulStopCallback, measure_acceptance
 from .data import PackedCollator, build_training_dataset, precompute_hidden_states, target_fingerprint
 from .evaluation import AcceptanceEstimate, estimate_acceptance
 from .losses import distillation_kl, draft_loss, position_weighted_loss
@@ -10,6 +10,7 @@ __all__ = [
     "AcceptanceEstimate",
     "AngelSpecTrainer",
     "CpuClockCallback",
+    "GracefulStopCallback",
     "PackedCollator",
     "build_training_dataset",
     "distillation_kl",

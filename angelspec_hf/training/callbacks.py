@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 
 import torch
@@ -99,3 +100,31 @@ class CpuClockCallback(TrainerCallback):
             control.should_log = True
             control.should_evaluate = args.eval_strategy != "no"
             control.should_save = args.save_strategy != "no"
+
+
+class GracefulStopCallback(TrainerCallback):
+    """Stop at the end of the current step, with a checkpoint, when the process gets SIGTERM (or SIGINT): a long
+    run stopped this way (`kill -TERM <pid>`) resumes where it stopped, losing nothing. The previous handlers come
+    back when training ends."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.requested = False
+        self.previous: dict = {}
+
+    def _request(self, signum, frame):
+        self.requested = True
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.previous = {sig: signal.signal(sig, self._request) for sig in self.SIGNALS}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.requested:
+            control.should_training_stop = True
+            control.should_log = True
+            control.should_save = args.save_strategy != "no"
+
+    def on_train_end(self, args, state, control, **kwargs):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
