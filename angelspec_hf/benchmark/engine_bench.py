@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from ..generation.dcut import load_cost_model
 from ..generation.engine import Request, SpeculativeEngine
-from ..generation.policies import PROFILED_ROWS, parse_label
+from ..generation.policies import parse_label, profiled_rows
 from ..metrics import SpeculationStats
 from ..prompts import encode_chat
 
@@ -70,7 +70,7 @@ def run_engine_benchmark(
     if len(encoded) < needed:
         raise ValueError(f"{len(encoded)} prompts for a concurrency of {max(concurrencies)}: need {needed}")
     # Profile the verify cost over every batch size the runs use before timing anything.
-    rows = sorted({r for r in PROFILED_ROWS if r < max(concurrencies)} | set(concurrencies))
+    rows = sorted(set(profiled_rows(max(concurrencies))) | set(concurrencies))
     uses_dcut = any(parse_label(label)[0] == "dcut" for _, _, labels in drafters for label in labels)
     cost_model = load_cost_model(target, rows=rows) if uses_dcut else None
     warm = [Request(encoded[0], max_new_tokens=4)]
