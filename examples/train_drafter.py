@@ -42,6 +42,13 @@ class DrafterArguments:
         default="smollm2", metadata={"help": "target: 'smollm2' (embedded), a folder, or dir::file.gguf"}
     )
     drafter_type: str = field(default="mtp", metadata={"help": "mtp | dfly"})
+    init_from: str | None = field(
+        default=None,
+        metadata={
+            "help": "a trained drafter folder to start from (its architecture, weights and draft vocabulary; the "
+            "run has its own optimizer and schedule): continued training on new data"
+        },
+    )
     draft_vocab_size: int | None = field(default=None, metadata={"help": "reduced draft vocabulary size (None: full)"})
     loss_type: str = field(default="kl", metadata={"help": "kl | ce | tv | lk"})
     kl_top_k: int | None = field(default=None, metadata={"help": "distil only the teacher's top-k tokens"})
@@ -70,7 +77,12 @@ class DrafterArguments:
     anchors_per_row: int = field(default=32, metadata={"help": "DFly: random anchor blocks per packed row"})
 
     def build(self, target, tokenizer):
-        """A fresh drafter of `drafter_type` for `target` (warm-started from it when asked)."""
+        """A fresh drafter of `drafter_type` for `target` (warm-started from it when asked), or the `init_from` one."""
+        if self.init_from:
+            drafter_class = {"mtp": AngelSpecMTPDrafter, "dfly": DFlyDrafter}[self.drafter_type]
+            drafter = drafter_class.from_pretrained(self.init_from)
+            drafter.bind_target(target, tokenizer)
+            return drafter
         drafter = self._new(target, tokenizer)
         if self.warm_start:
             drafter.warm_start(target)
@@ -168,7 +180,7 @@ def main(argv: list[str]) -> None:
     records = read_responses(data_args.responses)
 
     drafter = drafter_args.build(target.model, target.tokenizer)
-    if drafter_args.draft_vocab_size:
+    if drafter_args.draft_vocab_size and not drafter_args.init_from:
         counts = torch.zeros(drafter.config.vocab_size)
         for record in records:
             counts += torch.bincount(torch.tensor(record["response_ids"]), minlength=counts.numel())[: counts.numel()]

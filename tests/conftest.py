@@ -65,3 +65,13 @@ def chat_target(smollm2_tokenizer):
     return make_target(
         "llama", vocab_size=len(smollm2_tokenizer), dtype=torch.float32, seed=3, eos_token_id=2, pad_token_id=2
     )
+
+
+@pytest.fixture
+def dcut_always_drafts(monkeypatch):
+    """D-cut drafts every round (its per-round cut still decides what is verified). Its choice to skip a round
+    reads only earlier rounds, so pinning it cannot change the output law; it keeps short test runs, which D-cut's
+    own pricing would rarely let draft, exercising the cut."""
+    from angelspec_hf.generation.policies import DCut
+
+    monkeypatch.setattr(DCut, "drafting_pays", lambda self, budget, backlog: True)

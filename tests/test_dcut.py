@@ -101,7 +101,9 @@ def test_unreadable_profile_falls_back_to_profiling_with_a_warning(tmp_path, con
 
 
 @pytest.mark.parametrize("kind", ["mtp", "dfly"])
-def test_sequential_drafting_stops_when_no_further_token_can_pay_for_its_verification(kind, monkeypatch):
+def test_sequential_drafting_stops_when_no_further_token_can_pay_for_its_verification(
+    kind, monkeypatch, dcut_always_drafts
+):
     """Each verified draft doubles a forward's cost here, so D-cut ends MTP's depths and DFly's AR head after the
     first token of every round; the output is still plain greedy decoding."""
     steep = VerifyCostModel(rows=[1], tokens=[1, 2], seconds=[[1.0, 2.0]], context=0)

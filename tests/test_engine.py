@@ -54,7 +54,7 @@ def flat_cost_model():
 @pytest.mark.parametrize("policy", ["constant-3", "dcut"])
 @pytest.mark.parametrize("kind", ["mtp", "dfly"])
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
-def test_each_request_matches_its_solo_generate(model_type, kind, policy):
+def test_each_request_matches_its_solo_generate(model_type, kind, policy, dcut_always_drafts):
     """Mixed prompt lengths and limits, early EOS, and more requests than rows (requests join mid-flight)."""
     target = make_target(model_type, num_hidden_layers=3)
     requests = mixed_requests(target.config.vocab_size, count=9, seed=ARCHITECTURES.index(model_type))
@@ -85,7 +85,7 @@ def test_batched_autoregressive_baseline_matches_generate():
     assert [o.output_ids for o in outputs] == [references[r.request_id] for r in requests]
 
 
-def test_untrained_drafter_with_dcut_is_lossless_and_reports_stats():
+def test_untrained_drafter_with_dcut_is_lossless_and_reports_stats(dcut_always_drafts):
     target = make_target("llama", num_hidden_layers=2)
     requests = mixed_requests(target.config.vocab_size, count=5, seed=5)
     references = solo_outputs(target, requests)
@@ -98,36 +98,80 @@ def test_untrained_drafter_with_dcut_is_lossless_and_reports_stats():
 
 
 @pytest.mark.parametrize("kind", ["mtp", "dfly"])
-def test_dcut_skips_drafting_when_verification_cannot_pay(kind):
-    """A cost model where a second verified token doubles the cost: after the first round D-cut stops drafting
-    (re-probing now and then), verifies no draft, and decodes as AR — while requests leave and join rows whose
-    drafter has not run yet."""
-    from angelspec_hf.generation.policies import REPROBE_ROUNDS
+def test_dcut_skips_drafting_when_verification_cannot_pay(kind, monkeypatch):
+    """A cost model where a verified draft quadruples the cost: after a first drafting round (pinned here) D-cut
+    expects no draft to pay, a probe never fits in its exploration share, and it decodes as AR — while requests
+    leave and join rows whose drafter has not run yet."""
+    from angelspec_hf.generation.policies import DCut
 
+    first_round = iter([True])
+    monkeypatch.setattr(DCut, "drafting_pays", lambda self, budget, backlog: next(first_round, False))
     target = make_target("llama", num_hidden_layers=2)
     requests = mixed_requests(target.config.vocab_size, count=9, seed=2)
-    # The rows of the first (drafting) round leave before any re-probe, while a row that joined meanwhile stays:
+    # The rows of the first (drafting) round leave before any later round, while a row that joined meanwhile stays:
     # the drafter's cache then holds only holes, compacts to no columns, and more rows join it.
     for request, limit in zip(requests, [2, 5, 5] + [24] * 6):
         request.max_new_tokens = limit
         request.eos_token_id = -1  # no early stop: the limits above decide who leaves when
     references = solo_outputs(target, requests)
-    steep = VerifyCostModel(rows=[1], tokens=[1, 2, 32], seconds=[[1.0, 2.0, 32.0]], context=128)
+    steep = VerifyCostModel(rows=[1], tokens=[1, 2, 32], seconds=[[1.0, 4.0, 128.0]], context=128)
     engine = SpeculativeEngine(target, make_drafter(kind, target, oracle=False), max_batch_size=3, cost_model=steep)
+    proposals = []
+    original_propose = engine.drafter.propose
+    monkeypatch.setattr(engine.drafter, "propose", lambda *a, **k: proposals.append(1) or original_propose(*a, **k))
     outputs = engine.generate(requests)
     assert [o.output_ids for o in outputs] == [references[r.request_id] for r in requests]
-    drafting_rounds = 1 + engine.stats.rounds // (REPROBE_ROUNDS + 1) + len(requests)  # first, re-probes, last ones
-    assert engine.stats.skipped_drafts >= engine.stats.rounds - drafting_rounds > 0
+    assert len(proposals) == 1 and engine.stats.skipped_drafts > 10
     assert all(sum(o.stats.drafted) == 0 for o in outputs)
+
+
+def test_dcut_drafts_when_its_estimates_say_drafting_pays_and_the_catch_up_is_repaid():
+    """g > 0 under the profile: a round drafts unless the drafter's backlog costs more than g repays in the rounds
+    left; drafting that cannot pay is not chosen for the catch-up either."""
+    from angelspec_hf.generation.policies import DCut, DrafterEstimates
+
+    profile = VerifyCostModel(rows=[1], tokens=[1, 2, 4, 64], seconds=[[1.0, 1.1, 1.2, 8.0]], context=0)
+    policy = DCut(3, cost_model=profile)
+    policy.estimates = DrafterEstimates(read_ratio=0.5, depth_confidence=torch.tensor([0.8, 0.6, 0.4]))
+    row = [policy.new_row()]
+    policy.first_draft_seconds = 0.05
+    assert policy.draft_count(row, budget=100, backlog=4) == 3  # no catch-up beyond a usual round: drafts
+    assert policy.saved_fraction(0.05) == pytest.approx(1 - 1 / (2.8 / 1.25))
+    assert policy.draft_count(row, budget=100, backlog=64) == 3  # catch-up 0.5 × (8 − 1.2) s, repaid over 100 rounds
+    assert policy.draft_count(row, budget=2, backlog=64) == 0  # not in 2 rounds, and no room to explore
+    policy.estimates.depth_confidence = torch.tensor([0.01, 0.0, 0.0])
+    assert policy.saved_fraction(0.05) < 0 and policy.draft_count(row, budget=100, backlog=4) == 0
+
+
+def test_dcut_explores_an_unknown_drafter_early_and_reprobes_within_its_share():
+    """An unknown drafter is tried in the first round when the whole run affords it; a known one that does not pay
+    is re-probed only as the run's time allows, never spending more than EXPLORATION_SHARE of it."""
+    from angelspec_hf.generation.policies import EXPLORATION_SHARE, DCut, DrafterEstimates
+
+    profile = VerifyCostModel(rows=[1], tokens=[1, 2, 4], seconds=[[1.0, 1.5, 2.5]], context=0)
+    policy = DCut(3, cost_model=profile)
+    policy.estimates = DrafterEstimates(read_ratio=0.01)
+    row = [policy.new_row()]
+    assert policy.draft_count(row, budget=3, backlog=2) == 0  # 4 rounds cannot afford a 0.5 s probe
+    assert policy.draft_count(row, budget=200, backlog=2) == 3 and policy.exploring
+    policy.estimates.depth_confidence = torch.zeros(3, dtype=torch.float64)  # it did not pay
+    probes = [left for left in range(199, 0, -1) if policy.draft_count(row, budget=left, backlog=2)]
+    assert len(probes) >= 3 and policy.explored_seconds <= EXPLORATION_SHARE * policy.decoded_seconds
+    gaps = [earlier - later for earlier, later in zip(probes, probes[1:])]
+    assert min(gaps) >= 20  # spread over the run, not spent at once
 
 
 def test_dcut_estimate_keeps_positions_the_early_exit_did_not_reach():
     """A round that drafted one position must not read as zero confidence at the depths it did not draft (else
     D-cut talks itself out of drafting); estimates never grow with depth."""
-    from angelspec_hf.generation.policies import DCut
+    from angelspec_hf.generation.policies import DCut, DrafterEstimates
 
-    usual, backlog = (SimpleNamespace(reads_backlog=flag, first_step_seconds=lambda: 0.01) for flag in (False, True))
+    usual, backlog = (
+        SimpleNamespace(reads_backlog=flag, read_width=width, first_step_seconds=lambda: 0.01)
+        for flag, width in ((False, 4), (True, 32))
+    )
     policy = DCut(3, cost_model=flat_cost_model())
+    policy.estimates = DrafterEstimates(read_ratio=0.1)
     policy._record_drafting(torch.tensor([[0.6, 0.3, 0.2], [0.4, 0.1, 0.0]], dtype=torch.float64), usual)
     assert torch.allclose(policy.depth_confidence, torch.tensor([0.5, 0.2, 0.1], dtype=torch.float64))
     policy._record_drafting(torch.tensor([[0.0]], dtype=torch.float64), usual)  # early exit after depth 1
@@ -137,26 +181,13 @@ def test_dcut_estimate_keeps_positions_the_early_exit_did_not_reach():
     assert policy.depth_confidence.tolist() == sorted(policy.depth_confidence.tolist(), reverse=True)
     assert policy.depth_confidence[2] > 0
     fresh = DCut(3, cost_model=flat_cost_model())
+    fresh.estimates = DrafterEstimates(read_ratio=0.1)
     fresh._record_drafting(
         torch.tensor([[0.7]], dtype=torch.float64), backlog
     )  # first round: deeper positions start there
     assert fresh.depth_confidence.tolist() == pytest.approx([0.7, 0.7, 0.7])
     assert fresh.first_draft_seconds is None and policy.first_draft_seconds == pytest.approx(0.01)
-
-
-def test_dcut_probes_less_often_while_drafting_keeps_not_paying():
-    from angelspec_hf.generation.policies import MAX_REPROBE_ROUNDS, REPROBE_ROUNDS, DCut
-
-    policy = DCut(3, cost_model=flat_cost_model())
-    policy.depth_confidence = torch.zeros(3, dtype=torch.float64)
-    policy.widths = [1.0, 2.0, 3.0, 4.0]  # steep: drafting cannot pay
-    probes = [call for call in range(1, 400) if policy._drafting_expected_to_pay(1)]
-    gaps = [later - earlier - 1 for earlier, later in zip([0] + probes, probes)]
-    assert gaps[:4] == [REPROBE_ROUNDS, 2 * REPROBE_ROUNDS, 4 * REPROBE_ROUNDS, 8 * REPROBE_ROUNDS]
-    assert max(gaps) == MAX_REPROBE_ROUNDS
-    policy.depth_confidence = torch.ones(3, dtype=torch.float64)  # drafting pays again: back to frequent probes
-    policy.widths = [1.0, 1.1, 1.2, 1.3]
-    assert policy._drafting_expected_to_pay(1) and policy.reprobe_interval == REPROBE_ROUNDS
+    assert fresh.estimates.read_ratio == pytest.approx(0.5 * 0.1 + 0.5 * 0.01 / 100.1)  # measured on the backlog
 
 
 @pytest.mark.parametrize("kind", ["mtp", "dfly"])
@@ -177,12 +208,13 @@ def test_rounds_without_drafting_leave_the_drafter_a_backlog_it_reads_at_once(ki
             calls["proposals"] += 1
             return original_propose(*args, **kwargs)
 
-        def pay(rows):
+        def pay(budget, backlog):
             calls["rounds"] += 1
             return skip_pattern(calls["rounds"])
 
         monkeypatch.setattr(drafter, "propose", counting_propose)
-        monkeypatch.setattr(engine.policy, "_drafting_expected_to_pay", pay)
+        monkeypatch.setattr(engine.policy, "drafting_pays", pay)
+        monkeypatch.setattr(engine.policy, "may_explore", lambda count, budget, backlog: False)
         seen = {}
         original_draft = engine._draft
 

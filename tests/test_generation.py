@@ -41,7 +41,9 @@ def test_greedy_output_equals_plain_decoding_for_every_architecture(model_type):
 
 @pytest.mark.parametrize("schedule", ["dcut", "heuristic"])
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
-def test_adaptive_schedules_are_lossless_and_vary_the_verified_depth(model_type, schedule, monkeypatch):
+def test_adaptive_schedules_are_lossless_and_vary_the_verified_depth(
+    model_type, schedule, monkeypatch, dcut_always_drafts
+):
     """D-cut (against a cost model where each verified token costs a third of a forward) and the heuristic
     schedule verify varied depths; the output stays plain greedy decoding."""
     linear_cost = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 2.0]], context=0)
@@ -110,7 +112,7 @@ def test_custom_generate_entry_point_matches_assistant_model():
 
 
 @pytest.mark.parametrize("kind", ["mtp", "dfly"])
-def test_sampling_preserves_the_target_distribution(kind, monkeypatch):
+def test_sampling_preserves_the_target_distribution(kind, monkeypatch, dcut_always_drafts):
     """Joint law of the first three sampled tokens vs the exact target law (chi-square), with D-cut choosing the
     verified depth from the sampled drafts' confidences."""
     linear_cost = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 1.2]], context=0)

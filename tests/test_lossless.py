@@ -127,9 +127,13 @@ def sample_first_tokens(path, schedule, target, drafter, seed, profile, samples)
     return torch.bincount(index, minlength=VOCAB**3).double(), verified
 
 
-def check_sampled_law(kind, schedule, path, drafting, profile, case, monkeypatch):
+def check_sampled_law(kind, schedule, path, drafting, profile, case, monkeypatch, pin_drafting=True):
+    """With `pin_drafting`, D-cut drafts every round (as `dcut_always_drafts`: runs of 3 tokens would rarely let it);
+    without, its own draft-or-skip pricing and exploration decide, over a long engine run."""
     monkeypatch.setattr(policies, "load_cost_model", lambda target, rows=(1,): profile)
     frozen_calibration(monkeypatch)
+    if pin_drafting:
+        monkeypatch.setattr(policies.DCut, "drafting_pays", lambda self, budget, backlog: True)
     target = tiny_target(seed=11 + case % 3)
     scale = 5.0 if drafting == "adversarial" else {"mtp": 1.0, "dfly": 0.5}[kind]
     drafter = random_drafter(kind, target, scale=scale, seed=case, fixed_law=drafting == "fixed-law")
@@ -155,7 +159,10 @@ def test_sampling_keeps_the_target_law_under_every_schedule_and_path(kind, sched
 
 
 def test_dcut_sampling_with_an_adversarial_drafter_and_this_machines_profile(monkeypatch):
-    check_sampled_law("dfly", "dcut", "engine-4", "adversarial", REAL_PROFILE, case=20, monkeypatch=monkeypatch)
+    """D-cut's own pricing decides which rounds draft (exploring the unknown drafter first), not a pin."""
+    check_sampled_law(
+        "dfly", "dcut", "engine-4", "adversarial", REAL_PROFILE, case=20, monkeypatch=monkeypatch, pin_drafting=False
+    )
 
 
 def test_dcut_never_lets_a_sampled_token_decide_its_own_verification():

@@ -298,7 +298,7 @@ def run_benchmark(
     if adaptive:
         report["verify_cost"] = dataclasses.asdict(load_cost_model(target))
     for entry, method in adaptive:
-        entry["calibration"] = method.drafter.dcut_calibrator.table()
+        entry["calibration"] = method.drafter.dcut_estimates.calibrator.table()
     return report
 
 

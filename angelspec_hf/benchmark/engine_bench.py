@@ -103,7 +103,7 @@ def run_engine_benchmark(
             same = sum(o.output_ids == r.output_ids for o, r in zip(outputs, reference * repeats))
             metrics.update(name=name, identical_fraction=same / len(outputs))
             if drafter is not None and parse_label(policy)[0] == "dcut":
-                metrics["calibration"] = drafter.dcut_calibrator.table()
+                metrics["calibration"] = drafter.dcut_estimates.calibrator.table()
             runs.append(metrics)
         for metrics in runs:
             metrics["speedup"] = metrics["tokens_per_s"] / runs[0]["tokens_per_s"] if runs[0]["tokens_per_s"] else 0.0

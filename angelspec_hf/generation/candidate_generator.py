@@ -94,7 +94,9 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         self.pending_tokens = torch.cat([self.pending_tokens, input_ids[:, self.num_seen + 1 :]], 1)
         self.num_seen = length - 1
         budget = self.max_length - length - 1
-        count = self.policy.draft_count([self.row], budget) if self.may_draft else 0
+        count = (
+            self.policy.draft_count([self.row], budget, backlog=self.pending_tokens.shape[1]) if self.may_draft else 0
+        )
         self.drafting, self.num_drafted = None, 0
         if count == 0:
             return input_ids, None

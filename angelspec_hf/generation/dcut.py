@@ -277,10 +277,16 @@ class DraftRound:
     """
 
     def __init__(
-        self, temperatures: torch.Tensor, sampled: Sequence[bool], generators=None, reads_backlog: bool = False
+        self,
+        temperatures: torch.Tensor,
+        sampled: Sequence[bool],
+        generators=None,
+        read_width: int = 1,
+        reads_backlog: bool = False,
     ):
         self.start = time.perf_counter()
         self.seconds = 0.0  # the whole round's drafting time, once it is over
+        self.read_width = read_width  # verified tokens per row the drafter read first (padded to the row with most)
         self.reads_backlog = reads_backlog  # the drafter first read more than a round's verified tokens
         self.sampled = torch.tensor(list(sampled), dtype=torch.bool)
         self.temperatures = temperatures

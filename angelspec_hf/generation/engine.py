@@ -93,7 +93,7 @@ class _Row:
     generator: torch.Generator | None
     next_token: int
     policy_row: RowState | None = None  # what the verify policy keeps for this request
-    pending_hidden: tuple[torch.Tensor, ...] = ()
+    pending_hidden: list[tuple[torch.Tensor, ...]] = field(default_factory=list)  # per verify round, per tapped layer
     pending_tokens: list[int] = field(default_factory=list)
 
     @property
@@ -357,7 +357,7 @@ class SpeculativeEngine:
         token = int(self._sample(row, out.logits[0, -1:].float())[0])
         row.next_token = token
         if self.hidden_indices:
-            row.pending_hidden = tuple(out.hidden_states[i][0] for i in self.hidden_indices)
+            row.pending_hidden = [tuple(out.hidden_states[i][0] for i in self.hidden_indices)]
             row.pending_tokens = list(request.input_ids[1:]) + [token]
         row.emit([token])
         self.stats.phase_seconds["prefill"] += time.perf_counter() - start
@@ -381,11 +381,11 @@ class SpeculativeEngine:
         if self.drafter is None:
             return no_drafts
         budget = max(row.remaining for row in self.rows) - 1
-        count = self.policy.draft_count([row.policy_row for row in self.rows], budget)
+        width = max(len(row.pending_tokens) for row in self.rows)
+        count = self.policy.draft_count([row.policy_row for row in self.rows], budget, backlog=width)
         if count == 0:
             self.stats.skipped_drafts += budget > 0
             return no_drafts
-        width = max(len(row.pending_tokens) for row in self.rows)
         lengths = torch.tensor([len(row.pending_tokens) for row in self.rows], device=self.device)
         tokens = torch.tensor(
             [row.pending_tokens + [0] * (width - len(row.pending_tokens)) for row in self.rows], device=self.device
@@ -393,7 +393,10 @@ class SpeculativeEngine:
         hidden = tuple(
             torch.stack(
                 [
-                    torch.nn.functional.pad(row.pending_hidden[i], (0, 0, 0, width - len(row.pending_tokens)))
+                    torch.nn.functional.pad(
+                        torch.cat([chunk[i] for chunk in row.pending_hidden]),
+                        (0, 0, 0, width - len(row.pending_tokens)),
+                    )
                     for row in self.rows
                 ]
             )
@@ -415,7 +418,7 @@ class SpeculativeEngine:
             new_lengths=lengths,
         )
         for row in self.rows:
-            row.pending_hidden, row.pending_tokens = (), []
+            row.pending_hidden, row.pending_tokens = [], []
         self.stats.phase_seconds["draft"] += drafting.seconds
         return draft_ids, logits, drafting
 
@@ -481,11 +484,8 @@ class SpeculativeEngine:
             row.emit(new_tokens)
             row.next_token = bonus
             if self.hidden_indices:  # appended: a round without drafting leaves the earlier ones unread
-                row.pending_hidden = tuple(
-                    torch.cat([*row.pending_hidden[j : j + 1], out.hidden_states[i][r, : accepted + 1]])
-                    for j, i in enumerate(self.hidden_indices)
-                )
-                row.pending_tokens = row.pending_tokens + new_tokens
+                row.pending_hidden.append(tuple(out.hidden_states[i][r, : accepted + 1] for i in self.hidden_indices))
+                row.pending_tokens.extend(new_tokens)
         self.cache.keep_last(keep)
         if drafting is not None:
             self.policy.observe(drafting, observed, accepted_counts, [row.policy_row for row in self.rows])

@@ -18,16 +18,15 @@ What a policy decides, in the order a round asks:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Sequence
 
 import torch
 
-from .dcut import ConfidenceCalibrator, DraftRound, dcut_depths, load_cost_model
+from .dcut import ConfidenceCalibrator, DraftRound, VerifyCostModel, dcut_depths, load_cost_model
 
 
-REPROBE_ROUNDS = 8  # after this many rounds without drafting D-cut drafts once anyway, to keep its estimate current
-MAX_REPROBE_ROUNDS = 64  # the interval doubles up to this while those probes confirm that drafting does not pay
+EXPLORATION_SHARE = 0.02  # most of a run's expected decoding time D-cut spends on drafting it does not expect to pay
 PROFILED_ROWS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -67,8 +66,9 @@ class VerifyPolicy:
     def new_row(self) -> RowState:
         return RowState(depth=self.max_draft)
 
-    def draft_count(self, rows: Sequence[RowState], budget: int) -> int:
-        """Most tokens to draft this round for `rows`, none past `budget` (tokens the longest row may still add)."""
+    def draft_count(self, rows: Sequence[RowState], budget: int, backlog: int) -> int:
+        """Most tokens to draft this round for `rows`, none past `budget` (tokens the longest row may still add);
+        the drafter has `backlog` verified tokens (of the row with most) to read first."""
         return max(0, min(self.max_draft, budget))
 
     def keep_drafting(self, drafting: DraftRound, count: int) -> bool:
@@ -103,7 +103,7 @@ class Heuristic(VerifyPolicy):
 
     schedule = "heuristic"
 
-    def draft_count(self, rows, budget):
+    def draft_count(self, rows, budget, backlog):
         return max(0, min(budget, max((row.depth for row in rows), default=0)))
 
     def depths(self, drafting, caps, rows, draft_seconds):
@@ -115,68 +115,132 @@ class Heuristic(VerifyPolicy):
                 row.depth = min(self.max_draft, row.depth + 2) if count == depth else max(1, row.depth - 1)
 
 
+@dataclass
+class DrafterEstimates:
+    """What D-cut learns about a drafter on this machine, kept on the drafter (`dcut_estimates`) across decoding runs
+    so that each run starts from it: the confidence calibrator, the mean calibrated confidence of each draft position
+    (ĉ_k; None until the drafter has drafted), and `read_ratio`, the time the drafter takes to read verified tokens
+    over the time the target takes to verify as many (both for the same rows)."""
+
+    read_ratio: float
+    calibrator: ConfidenceCalibrator = field(default_factory=ConfidenceCalibrator)
+    depth_confidence: torch.Tensor | None = None
+
+
+def parameter_ratio(drafter, target) -> float:
+    """A first guess of `read_ratio` before any measurement: the drafter's own parameters (not the target's, nor a
+    draft vocabulary head, which reads only the last position) over the target decoder's (embeddings excluded)."""
+    shared = {parameter.data_ptr() for parameter in target.parameters()}
+    own = sum(
+        p.numel() for name, p in drafter.named_parameters() if p.data_ptr() not in shared and "lm_head" not in name
+    )
+    decoder = target.get_decoder()
+    body = sum(p.numel() for p in decoder.parameters()) - decoder.get_input_embeddings().weight.numel()
+    return own / max(body, 1)
+
+
 class DCut(VerifyPolicy):
     """D-cut (AngelSpec §4): rank every drafted token of every row by calibrated confidence and verify the prefix of
     that ranking that maximises expected tokens per second under this machine's verify-cost profile (`dcut.py`).
 
-    It also decides not to draft at all while drafting is not expected to pay (re-probing now and then), and stops
-    sequential drafting early once no further step can raise the round's rate. The confidence calibrator lives on
-    the drafter (`dcut_calibrator`), so it follows acceptance drift across `generate()` calls.
+    Whether to draft at all is priced by the same profile. With ĉ_k, the drafting time of m tokens (first step plus
+    m − 1 measured steps) and the verify cost t_v(R, 1 + m), drafting saves the fraction g = 1 − r_0 / max_m r_m of
+    a round's time, r_m = R(1 + Σ_{k≤m} ĉ_k) / (t_draft(m) + t_v(R, 1 + m)) and r_0 = R / t_v(R, 1). The drafter's
+    catch-up (reading a backlog of verified tokens left by skipped rounds or a new prompt, beyond a usual round's
+    1 + max_draft) costs `read_ratio` × (t_v(R, backlog) − t_v(R, 1 + max_draft)), and a round drafts when g > 0 and
+    g repays that catch-up over the time the batch has left. Otherwise it drafts only as exploration (an unknown drafter, or one not expected to
+    pay, re-probed so that ĉ follows drift), within `EXPLORATION_SHARE` of the run's decoding time (`may_explore`).
+    Sequential drafting stops early once no further step can raise the round's rate.
     """
 
     schedule = "dcut"
 
-    def __init__(self, max_draft: int, cost_model=None):
+    def __init__(self, max_draft: int, cost_model: VerifyCostModel | None = None):
         super().__init__(max_draft)
         self.cost_model = cost_model
-        self.calibrator: ConfidenceCalibrator | None = None
+        self.estimates: DrafterEstimates | None = None
         self.step_seconds = 0.0  # one sequential drafting step, measured (optimistic 0 until measured)
-        self.first_draft_seconds: float | None = None  # running estimate: reading the verified tokens + first step
-        self.depth_confidence: torch.Tensor | None = None  # running mean calibrated confidence per draft position
-        self.rounds_without_draft = 0
-        self.reprobe_interval = REPROBE_ROUNDS
+        self.first_draft_seconds: float | None = None  # running estimate: reading a round's tokens + first step
+        self.decoded_seconds = 0.0  # this run's rounds so far, each counted at the no-draft verify cost
+        self.explored_seconds = 0.0  # spent this run on drafting rounds not expected to pay
+        self.exploring = False  # this round drafts as exploration
+        self.probe_seconds = 0.0  # what this round's exploration was estimated to cost
+        self.rows = 1
         self.widths: list[float] = []  # this round's verify cost by width (1 + drafts per row)
+
+    @property
+    def calibrator(self) -> ConfidenceCalibrator:
+        return self.estimates.calibrator
+
+    @property
+    def depth_confidence(self) -> torch.Tensor | None:
+        return self.estimates.depth_confidence
 
     def start(self, target, drafter, max_rows=1):
         if self.cost_model is None:
             self.cost_model = load_cost_model(target, rows=profiled_rows(max_rows))
-        if drafter.dcut_calibrator is None:
-            drafter.dcut_calibrator = ConfidenceCalibrator()
-        self.calibrator = drafter.dcut_calibrator
+        if drafter.dcut_estimates is None:
+            drafter.dcut_estimates = DrafterEstimates(read_ratio=parameter_ratio(drafter, target))
+        self.estimates = drafter.dcut_estimates
 
     def verify_seconds(self, rows: int, width: int) -> float:
         """This round's verify cost (looked up per width, for the round's batch size)."""
         return self.widths[width - 1]
 
-    def draft_count(self, rows, budget):
-        count = super().draft_count(rows, budget)
-        self.widths = [self.cost_model(len(rows), width) for width in range(1, self.max_draft + 2)]
-        return count if count and self._drafting_expected_to_pay(len(rows)) else 0
+    def first_step_seconds(self) -> float:
+        """A usual round's first drafting step (reading up to 1 + max_draft verified tokens): measured, or at first
+        `read_ratio` × t_v(R, 1 + max_draft)."""
+        if self.first_draft_seconds is not None:
+            return self.first_draft_seconds
+        return self.estimates.read_ratio * self.cost_model(self.rows, self.max_draft + 1)
 
-    def _drafting_expected_to_pay(self, rows: int) -> bool:
-        """Before drafting: with the mean calibrated confidence of each draft position over recent rounds (ĉ_k) and
-        the drafting time of m tokens (first step plus m − 1 measured steps), would any verify width beat a round
-        without drafts? While it would not, rounds skip drafting; a skipped round re-probes after `reprobe_interval`
-        of them, an interval that doubles (up to `MAX_REPROBE_ROUNDS`) while probes confirm that drafting does not
-        pay, so the estimate follows drift in acceptance and batch size."""
+    def catch_up_seconds(self, backlog: int) -> float:
+        """The drafter's extra time to read `backlog` verified tokens per row instead of a usual round's."""
+        usual = self.cost_model(self.rows, self.max_draft + 1)
+        return self.estimates.read_ratio * max(0.0, self.cost_model(self.rows, backlog) - usual)
+
+    def draft_count(self, rows, budget, backlog):
+        count = super().draft_count(rows, budget, backlog)
+        self.rows = len(rows)
+        self.widths = [self.cost_model(self.rows, width) for width in range(1, self.max_draft + 2)]
+        self.decoded_seconds += self.widths[0]
+        self.exploring = False
+        if count and not self.drafting_pays(budget, backlog):
+            self.exploring = self.may_explore(count, budget, backlog)
+            return count if self.exploring else 0
+        return count
+
+    def drafting_pays(self, budget: int, backlog: int) -> bool:
+        """Whether drafting this round is expected to pay: g > 0, and g repays the catch-up over the `budget` rounds
+        the batch has left."""
+        saved = self.saved_fraction(self.first_step_seconds())
+        return saved is not None and saved > 0 and self.catch_up_seconds(backlog) <= saved * budget * self.widths[0]
+
+    def may_explore(self, count: int, budget: int, backlog: int) -> bool:
+        """Whether a drafting round not expected to pay (catch-up, `count` steps and a wider verify) fits in
+        `EXPLORATION_SHARE` of the run's decoding time, counted at the no-draft cost per round: the rounds run so
+        far, and, while the drafter has never drafted, also the `budget` rounds left (an unknown drafter is tried
+        early; a known one is re-probed only as the run's time pays for it). Charges the estimated cost."""
+        probe = self.first_step_seconds() + self.catch_up_seconds(backlog) + (count - 1) * self.step_seconds
+        probe += self.widths[1] - self.widths[0]
+        horizon = self.decoded_seconds + (budget * self.widths[0] if self.depth_confidence is None else 0.0)
+        if self.explored_seconds + probe > EXPLORATION_SHARE * horizon:
+            return False
+        self.explored_seconds += probe
+        self.probe_seconds = probe
+        return True
+
+    def saved_fraction(self, first_step: float) -> float | None:
+        """g = 1 − r_0 / max_m r_m, the fraction of a round's time drafting is expected to save (negative: it costs),
+        or None before the drafter has drafted."""
         if self.depth_confidence is None:
-            return True
-        if self.rounds_without_draft >= self.reprobe_interval:
-            self.rounds_without_draft = 0
-            self.reprobe_interval = min(2 * self.reprobe_interval, MAX_REPROBE_ROUNDS)
-            return True
-        no_draft = rows / self.widths[0]
-        expected = rows * (1 + self.depth_confidence.cumsum(0))
-        first_step = self.step_seconds if self.first_draft_seconds is None else self.first_draft_seconds
-        pays = any(
-            float(expected[m - 1]) / (first_step + (m - 1) * self.step_seconds + self.widths[m]) > no_draft
+            return None
+        expected = 1 + self.depth_confidence.cumsum(0)
+        best = max(
+            float(expected[m - 1]) / (first_step + (m - 1) * self.step_seconds + self.widths[m])
             for m in range(1, len(self.widths))
         )
-        if pays:
-            self.rounds_without_draft, self.reprobe_interval = 0, REPROBE_ROUNDS
-        else:
-            self.rounds_without_draft += 1
-        return pays
+        return 1 - (1 / self.widths[0]) / best
 
     def keep_drafting(self, drafting, count):
         self.step_seconds = drafting.step_seconds(self.step_seconds)
@@ -189,23 +253,37 @@ class DCut(VerifyPolicy):
         calibrated = self.calibrator(drafting.confidence()[:, :drafted])  # position k reads only steps ≤ k
         self._record_drafting(calibrated, drafting)
         confidences = [row[:cap] for row, cap in zip(calibrated, caps)]
-        return dcut_depths(confidences, self.verify_seconds, draft_seconds, sampled=drafting.sampled.tolist())
+        depths = dcut_depths(confidences, self.verify_seconds, draft_seconds, sampled=drafting.sampled.tolist())
+        if self.exploring:  # what the probe cost over a round without drafts, in place of its estimate
+            self.explored_seconds += draft_seconds + self.widths[max(depths)] - self.widths[0] - self.probe_seconds
+        return depths
 
     def _record_drafting(self, calibrated: torch.Tensor, drafting: DraftRound) -> None:
-        """Exponential averages of the per-position mean calibrated confidence and of the first drafting step's time.
-        A position the early exit did not reach keeps its estimate (the first time, that of the deepest drafted one),
-        capped so that the estimates never grow with depth. A round that read a backlog (a new prompt, or tokens
-        left by skipped rounds) says nothing about a usual first step's time."""
+        """Exponential averages of the per-position mean calibrated confidence, of the first drafting step's time and
+        of the drafter's read ratio. A position the early exit did not reach keeps its estimate (the first time, that
+        of the deepest drafted one), capped so that the estimates never grow with depth. A round that read a backlog
+        (a new prompt, or tokens left by skipped rounds) measures the read ratio, not a usual first step's time."""
         drafted = calibrated.shape[1]
         mean = calibrated.mean(0)
-        if self.depth_confidence is None:
-            self.depth_confidence = mean[-1].repeat(self.max_draft)
-            self.depth_confidence[:drafted] = mean
+        estimates = self.estimates
+        if estimates.depth_confidence is None:
+            estimates.depth_confidence = mean[-1].repeat(self.max_draft)
+            estimates.depth_confidence[:drafted] = mean
         else:
-            self.depth_confidence[:drafted] = 0.8 * self.depth_confidence[:drafted] + 0.2 * mean
-        self.depth_confidence = self.depth_confidence.cummin(0).values
-        if not drafting.reads_backlog:
-            first = drafting.first_step_seconds()
+            estimates.depth_confidence[:drafted] = 0.8 * estimates.depth_confidence[:drafted] + 0.2 * mean
+        estimates.depth_confidence = estimates.depth_confidence.cummin(0).values
+        first = drafting.first_step_seconds()
+        if drafting.reads_backlog:  # the read ratio: over a usual first step when one is measured, else in all
+            usual, seconds = (
+                self.cost_model(self.rows, self.max_draft + 1),
+                self.cost_model(self.rows, drafting.read_width),
+            )
+            if self.first_draft_seconds is not None and seconds > usual:
+                ratio = max(0.0, first - self.first_draft_seconds) / (seconds - usual)
+            else:
+                ratio = first / seconds
+            estimates.read_ratio = 0.5 * estimates.read_ratio + 0.5 * ratio
+        else:
             self.first_draft_seconds = (
                 first if self.first_draft_seconds is None else 0.8 * self.first_draft_seconds + 0.2 * first
             )
@@ -271,8 +349,13 @@ def draft_round(
     (argmax, or a draw from q = softmax(logits / T) with the draft probability recorded), stopping early when the
     policy says another step cannot pay. Returns the drafts [B, K] (target vocabulary), their draft logits and the
     round's record (confidences, usable steps, timing)."""
-    reads_backlog = tokens.shape[1] > policy.max_draft + 1  # after skipped rounds, or a new prompt
-    drafting = DraftRound(temperatures, sampled=sampled, generators=generators, reads_backlog=reads_backlog)
+    drafting = DraftRound(
+        temperatures,
+        sampled=sampled,
+        generators=generators,
+        read_width=tokens.shape[1],
+        reads_backlog=tokens.shape[1] > policy.max_draft + 1,  # after skipped rounds, or a new prompt
+    )
     draft_ids, logits = drafter.propose(
         state,
         hidden,

@@ -266,9 +266,10 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
             num_assistant_tokens=self.default_num_draft_tokens(), num_assistant_tokens_schedule="dcut"
         )
         # Set by decoding, read by users and benchmarks (typed in words: the remote-code copy of this file ships
-        # without the generation modules): D-cut's `ConfidenceCalibrator`, kept across `generate()` calls so it
-        # follows acceptance drift (`generation.policies.DCut`), and the last call's `SpeculationStats`.
-        self.dcut_calibrator = None
+        # without the generation modules): D-cut's `DrafterEstimates` (calibrator, confidence by depth, read cost),
+        # kept across decoding runs so that each starts from them (`generation.policies.DCut`), and the last call's
+        # `SpeculationStats`.
+        self.dcut_estimates = None
         self.speculation_stats = None
 
     def default_num_draft_tokens(self) -> int:
