@@ -347,6 +347,24 @@ def test_every_recipe_ladder_rung_is_a_valid_training_command():
             assert training_args.eval_strategy == "steps" and data_args.eval_responses, name
 
 
+@pytest.mark.parametrize("kind", ["mtp", "mtp_long_taps", "dfly", "dflash"])
+def test_long_run_configs_parse_with_checkpoints_inside_fifteen_minutes(kind):
+    sys.path.insert(0, os.path.join(REPO, "examples"))
+    try:
+        from train_drafter import parse_arguments
+    finally:
+        sys.path.pop(0)
+    name = kind if kind.endswith("_long_taps") else f"{kind}_long"
+    drafter_args, data_args, training_args = parse_arguments(
+        ["--config", os.path.join(REPO, "examples", "configs", f"smollm2_{name}.yaml")]
+    )
+    # a run that continues a shipped drafter names one that exists
+    assert drafter_args.init_from is None or os.path.isfile(os.path.join(REPO, drafter_args.init_from, "config.json"))
+    assert data_args.eval_responses and training_args.eval_strategy == "steps"
+    # one step takes at most ~8 s on one thread at this max_length: a checkpoint every save_steps stays under 15 min
+    assert training_args.save_strategy == "steps" and training_args.save_steps * 8 <= 15 * 60
+
+
 def test_training_curve_reads_the_newest_state_and_plots(tmp_path):
     from angelspec_hf.cli import main as cli_main
     from angelspec_hf.training.curves import training_curve
