@@ -8,7 +8,14 @@ batched engine).
 from .generation import Request, RequestOutput, SpeculativeEngine, speculative_generate
 from .generation import install as _install_generation
 from .metrics import SpeculationStats
-from .models import AngelSpecMTPConfig, AngelSpecMTPDrafter, DFlyConfig, DFlyDrafter
+from .models import (
+    AngelSpecMTPConfig,
+    AngelSpecMTPDrafter,
+    DFlyConfig,
+    DFlyDrafter,
+    SuffixDrafter,
+    SuffixDrafterConfig,
+)
 from .targets import load_target, tokenizer_fingerprint
 
 
@@ -25,6 +32,8 @@ __all__ = [
     "RequestOutput",
     "SpeculationStats",
     "SpeculativeEngine",
+    "SuffixDrafter",
+    "SuffixDrafterConfig",
     "load_target",
     "speculative_generate",
     "tokenizer_fingerprint",

@@ -174,7 +174,7 @@ def check_prompt_source(source: str) -> None:
     for part in source_parts(source):
         if os.path.isfile(part):
             read_prompt_file(part)
-        elif part not in PROMPT_SETS:
+        elif part.partition(":")[0] not in PROMPT_SETS:
             raise ValueError(_unknown_source_message(part))
 
 
@@ -254,9 +254,9 @@ def _shown(value, width: int = 40) -> str:
 def load_prompts(source: str, data_dir: str | None = None, limit: int | None = None) -> datasets.Dataset:
     """Load prompts as a `datasets.Dataset` with columns `prompt` and `category`.
 
-    `source` is a registered set name (read from `data_dir`, else from the Hub), a path to a JSON/JSONL file
-    (see `read_prompt_file`), or several of these joined by `+` (taken in turn, e.g.
-    `mt_bench+gsm8k_test+mbpp_test`; `mixed` names that one).
+    `source` is a registered set name (read from `data_dir`, else from the Hub), optionally narrowed to one of its
+    categories (`spec_bench:summarization`), a path to a JSON/JSONL file (see `read_prompt_file`), or several of
+    these joined by `+` (taken in turn, e.g. `mt_bench+gsm8k_test+mbpp_test`; `mixed` names that one).
     """
     import datasets
 
@@ -267,13 +267,19 @@ def load_prompts(source: str, data_dir: str | None = None, limit: int | None = N
         )
     elif os.path.isfile(source):
         prompts = datasets.Dataset.from_list(read_prompt_file(source))
-    elif source in PROMPT_SETS:
-        spec = PROMPT_SETS[source]
-        raw = _load_set(source, data_dir)
+    elif source.partition(":")[0] in PROMPT_SETS:
+        name, _, category = source.partition(":")
+        spec = PROMPT_SETS[name]
+        raw = _load_set(name, data_dir)
         prompts = raw.map(
-            lambda r: {"prompt": spec.to_prompt(r), "category": spec.category(r) or source},
+            lambda r: {"prompt": spec.to_prompt(r), "category": spec.category(r) or name},
             remove_columns=raw.column_names,
         )
+        if category:
+            known = sorted(set(prompts["category"]))
+            if category not in known:
+                raise ValueError(f"Prompt set {name!r} has no category {category!r}; it has {', '.join(known)}")
+            prompts = prompts.filter(lambda r: r["category"] == category)
     else:
         raise FileNotFoundError(_unknown_source_message(source))
     if limit is not None:

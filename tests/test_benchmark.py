@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import ARCHITECTURES, make_target
 
-from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
+from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, SuffixDrafter
 from angelspec_hf.benchmark.bench import METHOD_COLUMNS, assisted_heuristic_method, early_exit_assistant
 from angelspec_hf.cli import main as cli_main
 
@@ -30,6 +30,7 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
         per_layer_context_mix=False,
         ar_head=False,
     ).save_pretrained(tmp_path / "dflash")
+    SuffixDrafter.from_target(target, smollm2_tokenizer).save_pretrained(tmp_path / "suffix")
     # A drafter trained for another target: reported as failed, the rest of the benchmark runs.
     other = make_target("llama", vocab_size=len(smollm2_tokenizer), dtype=torch.float32, hidden_size=32, head_dim=8)
     AngelSpecMTPDrafter.from_target(other, smollm2_tokenizer, num_depths=2).save_pretrained(tmp_path / "foreign")
@@ -47,6 +48,8 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
             str(tmp_path / "drafter"),
             "--drafter",
             f"{tmp_path / 'dflash'}@constant-2,dcut,heuristic",
+            "--drafter",
+            str(tmp_path / "suffix"),
             "--drafter",
             str(tmp_path / "foreign"),
             "--prompts",
@@ -79,6 +82,9 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
         "dflash:dflash[dcut]",
         "dflash:dflash[heuristic]",
         "transformers-dflash:dflash",
+        "suffix:suffix[dcut]",
+        "suffix:suffix[constant-2]",
+        "suffix:suffix[heuristic]",
         "foreign",
     ]
     foreign = by_name.pop("foreign")

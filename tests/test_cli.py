@@ -266,3 +266,10 @@ def test_prompt_files_keep_their_formats(tmp_path):
     array = tmp_path / "array.json"
     array.write_text(json.dumps([{"prompt": "One."}, {"turns": ["Two."]}], indent=1))
     assert load_prompts(str(array), limit=1)["prompt"] == ["One."]
+
+
+def test_a_prompt_set_narrows_to_one_of_its_categories():
+    rows = load_prompts("spec_bench:summarization")
+    assert len(rows) == 80 and set(rows["category"]) == {"summarization"}
+    with pytest.raises(ValueError, match="no category 'poetry'.*rag"):
+        load_prompts("spec_bench:poetry")

@@ -10,7 +10,7 @@ from conftest import ARCHITECTURES, make_target
 from oracles import BatchOracleDFly, BatchOracleMTP
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
-from angelspec_hf.generation.dcut import VerifyCostModel
+from angelspec_hf.generation.dcut import DraftRound, VerifyCostModel
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
 
 
@@ -141,6 +141,36 @@ def test_dcut_drafts_when_its_estimates_say_drafting_pays_and_the_catch_up_is_re
     assert policy.draft_count(row, budget=2, backlog=64) == 0  # not in 2 rounds, and no room to explore
     policy.estimates.depth_confidence = torch.tensor([0.01, 0.0, 0.0])
     assert policy.saved_fraction(0.05) < 0 and policy.draft_count(row, budget=100, backlog=4) == 0
+
+
+def test_dcut_prices_drafting_by_what_its_cuts_promised_not_by_the_mean_confidence():
+    """A drafter sure on one round in three and lost on the others (suffix matches): the mean confidence per depth
+    does not pay for a wider verify, but each round's cut verifies only the sure rounds, so ĝ, the average saving
+    those cuts promised, is positive and D-cut keeps drafting. A drafter lost on every round is priced below 0."""
+    from angelspec_hf.generation.policies import DCut, DrafterEstimates
+
+    profile = VerifyCostModel(rows=[1], tokens=[1, 2, 4], seconds=[[1.0, 1.5, 2.0]], context=0)
+
+    def run(sure_every):
+        policy = DCut(3, cost_model=profile)
+        policy.estimates = DrafterEstimates(read_ratio=0.0)
+        row = [policy.new_row()]
+        for round_index in range(30):
+            policy.draft_count(row, budget=100, backlog=4)
+            sure = (round_index + 1) % sure_every == 0
+            drafting = DraftRound(torch.ones(1), sampled=[False])
+            for value in [0.95, 0.9, 0.85] if sure else [0.02, 0.015, 0.012]:
+                probabilities = torch.full((1, 100), (1 - value) / 99)  # greedy confidence: max q = value
+                probabilities[0, 0] = value
+                drafting.choose(probabilities.log())
+            policy.depths(drafting, [3], row, draft_seconds=0.01)
+        return policy
+
+    mostly_lost = run(sure_every=3)
+    assert mostly_lost.estimates.depth_confidence[0] < 0.5  # 1 + ĉ_1 < t_v(2) / t_v(1): the mean would not pay
+    assert mostly_lost.estimates.drafting_gain > 0.1 and mostly_lost.drafting_pays(budget=100, backlog=4)
+    always_lost = run(sure_every=10**6)
+    assert always_lost.estimates.drafting_gain < 0 and not always_lost.drafting_pays(budget=100, backlog=4)
 
 
 def test_dcut_explores_an_unknown_drafter_early_and_reprobes_within_its_share():

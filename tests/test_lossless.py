@@ -10,7 +10,7 @@ from conftest import make_target
 from oracles import FixedLawDFly, FixedLawMTP
 from scipy.stats import chisquare
 
-from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
+from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, SuffixDrafter
 from angelspec_hf.generation import dcut, policies
 from angelspec_hf.generation.dcut import ConfidenceCalibrator, VerifyCostModel, dcut_depths
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
@@ -50,6 +50,12 @@ def tiny_target(seed=11):
 def random_drafter(kind, target, scale, seed, fixed_law=False):
     """A drafter with N(0, scale²) weights: at scale 5 confidently wrong (adversarial), at 1 peaked but milder;
     `fixed_law` drafts from `FixedLawDrafting.law` instead of its own head."""
+    if kind == "suffix":  # no weights: its law comes from matches against a random shared index of outputs
+        drafter = SuffixDrafter.from_target(target, num_draft_tokens=3, min_match_length=1)
+        text = torch.randint(0, VOCAB, (400,), generator=torch.Generator().manual_seed(seed))
+        for part in text.split(40):
+            drafter.record_output(part.tolist())
+        return drafter
     if kind == "mtp":
         drafter = (FixedLawMTP if fixed_law else AngelSpecMTPDrafter).from_target(
             target, num_depths=3, draft_vocab_size=4
@@ -135,7 +141,7 @@ def check_sampled_law(kind, schedule, path, drafting, profile, case, monkeypatch
     if pin_drafting:
         monkeypatch.setattr(policies.DCut, "drafting_pays", lambda self, budget, backlog: True)
     target = tiny_target(seed=11 + case % 3)
-    scale = 5.0 if drafting == "adversarial" else {"mtp": 1.0, "dfly": 0.5}[kind]
+    scale = 5.0 if drafting == "adversarial" else {"mtp": 1.0, "dfly": 0.5, "suffix": 0.0}[kind]
     drafter = random_drafter(kind, target, scale=scale, seed=case, fixed_law=drafting == "fixed-law")
     samples = SAMPLES[schedule]
     counts, verified = sample_first_tokens(
@@ -147,15 +153,19 @@ def check_sampled_law(kind, schedule, path, drafting, profile, case, monkeypatch
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize("kind", ["mtp", "dfly"])
+@pytest.mark.parametrize("kind", ["mtp", "dfly", "suffix"])
 def test_sampling_keeps_the_target_law_under_every_schedule_and_path(kind, schedule, path, monkeypatch):
     """2,500-4,000 sampled continuations per case, target, drafter weights and seed changing from case to case. D-cut
     drafts from a fixed law under a steep verify cost, where a cut reading the token it judges would bias the output
     (`FixedLawDrafting`); the other schedules alternate a peaked random drafter with an adversarial one (N(0, 5²)
-    weights: confidently wrong, so rejection sampling does most of the work)."""
-    case = 6 * ["mtp", "dfly"].index(kind) + 3 * SCHEDULES.index(schedule) + PATHS.index(path)
+    weights: confidently wrong, so rejection sampling does most of the work). The suffix drafter drafts from its
+    matches, its shared index growing with every sampled output."""
+    case = 6 * ["mtp", "dfly", "suffix"].index(kind) + 3 * SCHEDULES.index(schedule) + PATHS.index(path)
     drafting = "fixed-law" if schedule == "dcut" else ("adversarial" if case % 2 else "peaked")
-    check_sampled_law(kind, schedule, path, drafting, STEEP_PROFILE, case, monkeypatch)
+    # The suffix drafter's confidences (matches in a random text) rarely clear the steep profile's bar; under this
+    # machine's profile its cut still turns on them.
+    profile = REAL_PROFILE if kind == "suffix" else STEEP_PROFILE
+    check_sampled_law(kind, schedule, path, drafting, profile, case, monkeypatch)
 
 
 def test_dcut_sampling_with_an_adversarial_drafter_and_this_machines_profile(monkeypatch):

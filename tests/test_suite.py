@@ -7,7 +7,7 @@ import math
 import torch
 from conftest import make_target
 
-from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
+from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, SuffixDrafter
 from angelspec_hf.benchmark import suite
 from angelspec_hf.cli import main as cli_main
 
@@ -72,6 +72,7 @@ def test_quick_suite_runs_every_method_and_reports_a_failing_one(smollm2_tokeniz
     AngelSpecMTPDrafter.from_target(other, smollm2_tokenizer, num_depths=2).save_pretrained(
         cards / suite.DRAFTER_CARDS["mtp-no-ttt"]
     )
+    SuffixDrafter.from_target(target, smollm2_tokenizer).save_pretrained(cards / suite.DRAFTER_CARDS["suffix"])
     (cards / suite.DRAFTER_CARDS["mtp"] / "README.md").write_text(
         "# MTP\n\nIntro.\n\n"
         + suite.CARD_SECTION_START
@@ -89,7 +90,7 @@ def test_quick_suite_runs_every_method_and_reports_a_failing_one(smollm2_tokeniz
             6,
             (1, 2),
             4,
-            {"mtp": ("constant-1", "dcut"), "dfly": ("constant-2", "dcut")},
+            {"mtp": ("constant-1", "dcut"), "dfly": ("constant-2", "dcut"), "suffix": ("dcut",)},
             2,
             engine_requests=8,
             engine_repeats=2,
@@ -123,6 +124,7 @@ def test_quick_suite_runs_every_method_and_reports_a_failing_one(smollm2_tokeniz
         "dflash:smollm2-135m-instruct-dflash[dcut]",
         "transformers-dflash:smollm2-135m-instruct-dflash",
         "dfly:smollm2-135m-instruct-dfly[dcut]",
+        "suffix:smollm2-135m-instruct-suffix[dcut]",
     }
     for domain, result in report["domains"].items():
         assert {m["name"] for m in result["methods"]} == expected, domain
@@ -137,7 +139,14 @@ def test_quick_suite_runs_every_method_and_reports_a_failing_one(smollm2_tokeniz
     summary = report["summary"]
     assert summary["dfly:smollm2-135m-instruct-dfly[dcut]"]["median_speedup"] > 0
     engine_names = [run["name"] for run in report["engine"]["concurrency"][-1]["runs"]]
-    assert engine_names == ["batched-ar", "mtp[constant-1]", "mtp[dcut]", "dfly[constant-2]", "dfly[dcut]"]
+    assert engine_names == [
+        "batched-ar",
+        "mtp[constant-1]",
+        "mtp[dcut]",
+        "dfly[constant-2]",
+        "dfly[dcut]",
+        "suffix[dcut]",
+    ]
     assert report["engine"]["repeats"] == 2 and all(
         len(run["repeat_tokens_per_s"]) == 2 and run["identical_fraction"] == 1.0
         for level in report["engine"]["concurrency"]

@@ -173,10 +173,7 @@ def drafter_methods(
     """The methods a drafter takes part in: ours through `generate(assistant_model=...)` with each verify-depth
     schedule, and for the DFlash configuration also transformers' built-in DFlash generator."""
     config = drafter.config
-    if config.model_type == "angelspec_mtp":
-        kind = "mtp"
-    else:
-        kind = "dfly" if (config.per_layer_context_mix or config.ar_head) else "dflash"
+    kind = config.drafter_kind
     methods = [
         Method(f"{kind}:{name}[{policy.label}]", {"assistant_model": drafter}, drafter, policy)
         for policy in (resolve_policy(schedule, drafter) for schedule in schedules)

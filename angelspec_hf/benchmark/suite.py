@@ -5,8 +5,8 @@ GSM8K test and MBPP test, prompts spread evenly over each domain. Methods throug
 every ratio), transformers' prompt lookup decoding, transformers' assisted generation with its heuristic schedule on
 an early-exit assistant (the target's first quarter of layers, the one compatible assistant available offline),
 transformers' built-in DFlash generator on our DFlash-ablation checkpoint, and each shipped drafter with D-cut (MTP
-with and without TTT, DFlash, DFly). Then the batched engine: batched AR vs MTP and DFly at constant depths and with
-D-cut, over concurrencies, on the chat+math+code mix. A method that fails (for example a drafter for another target) is reported with its error; the rest of the suite runs.
+with and without TTT, DFlash, DFly, the training-free suffix drafter). Then the batched engine: batched AR vs MTP,
+DFly and the suffix drafter at constant depths and with D-cut, over concurrencies, on the chat+math+code mix. A method that fails (for example a drafter for another target) is reported with its error; the rest of the suite runs.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ DRAFTER_CARDS = {  # method kind -> model card folder (under --drafters-dir)
     "mtp-no-ttt": "smollm2-135m-instruct-mtp-no-ttt",
     "dflash": "smollm2-135m-instruct-dflash",
     "dfly": "smollm2-135m-instruct-dfly",
+    "suffix": "smollm2-135m-instruct-suffix",
 }
 
 EARLY_EXIT_FRACTION = 4  # the heuristic assisted-generation baseline drafts with the target's first quarter of layers
@@ -63,7 +64,7 @@ QUICK = SuiteSize(  # a smoke run under 3 minutes: every method and both engine 
     8,
     (1, 4),
     8,
-    {"mtp": ("constant-2", "dcut"), "dfly": ("constant-4", "dcut")},
+    {"mtp": ("constant-2", "dcut"), "dfly": ("constant-4", "dcut"), "suffix": ("dcut",)},
     1,
     shortest=True,
     engine_requests=1,
@@ -76,6 +77,7 @@ FULL = SuiteSize(  # sized to finish within an hour on one CPU thread; every tim
     {
         "mtp": ("constant-1", "constant-2", "constant-3", "dcut"),
         "dfly": ("constant-1", "constant-2", "constant-4", "constant-8", "dcut"),
+        "suffix": ("constant-4", "dcut"),
     },
     2,
     engine_repeats=2,
@@ -139,7 +141,9 @@ def run_suite(target, size: SuiteSize, drafters_dir: str, data_dir: str | None =
             repeats=size.repeats,
             warm_up=index == 0,
         )
-    engine_drafters = [(kind, loaded[kind], size.engine_policies[kind]) for kind in ("mtp", "dfly") if kind in loaded]
+    engine_drafters = [
+        (kind, loaded[kind], size.engine_policies[kind]) for kind in size.engine_policies if kind in loaded
+    ]
     from ..prompts import load_prompts
 
     mixed = load_prompts("mixed", data_dir=data_dir, limit=max(max(size.concurrencies), size.engine_requests))[

@@ -50,7 +50,7 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         drafter.bind_target(target, tokenizer)
         self.drafter = drafter
         self.hidden_indices = drafter.target_hidden_state_indices()
-        self.model_kwargs_overrides = {"output_hidden_states": self.hidden_indices}
+        self.model_kwargs_overrides = {"output_hidden_states": self.hidden_indices or False}
         self.policy = resolve_policy(None, drafter)
         self.policy.start(target, drafter, max_rows=1)
         self.row = self.policy.new_row()

@@ -356,7 +356,7 @@ class SpeculativeEngine:
         )
         token = int(self._sample(row, out.logits[0, -1:].float())[0])
         row.next_token = token
-        if self.hidden_indices:
+        if self.drafter is not None:
             row.pending_hidden = [tuple(out.hidden_states[i][0] for i in self.hidden_indices)]
             row.pending_tokens = list(request.input_ids[1:]) + [token]
         row.emit([token])
@@ -483,7 +483,7 @@ class SpeculativeEngine:
             row.output.stats.record_round(drafted=depth, accepted=accepted)
             row.emit(new_tokens)
             row.next_token = bonus
-            if self.hidden_indices:  # appended: a round without drafting leaves the earlier ones unread
+            if self.drafter is not None:  # appended: a round without drafting leaves the earlier ones unread
                 row.pending_hidden.append(tuple(out.hidden_states[i][r, : accepted + 1] for i in self.hidden_indices))
                 row.pending_tokens.extend(new_tokens)
         self.cache.keep_last(keep)
@@ -522,6 +522,10 @@ class SpeculativeEngine:
     def _retire(self) -> None:
         """Finished rows leave the batch (and both caches); holes are squeezed out when they waste half the cache."""
         keep = [r for r, row in enumerate(self.rows) if row.output.finish_reason is None]
+        if self.drafter is not None:
+            for row in self.rows:
+                if row.output.finish_reason is not None and row.output.error is None:
+                    self.drafter.record_output(row.output.output_ids)
         if len(keep) < len(self.rows):
             rows = torch.tensor(keep, dtype=torch.long, device=self.device)
             self.cache.select_rows(rows)
@@ -533,8 +537,7 @@ class SpeculativeEngine:
             self.draft_state.compact()
 
     def _record_memory(self) -> None:
-        caches = [self.cache] + ([self.draft_state.cache] if self.draft_state is not None else [])
-        held = sum(cache.nbytes() for cache in caches)
+        held = self.cache.nbytes() + (self.draft_state.nbytes() if self.draft_state is not None else 0)
         self.stats.peak_cache_bytes = max(self.stats.peak_cache_bytes, held)
         self.stats.peak_rss_bytes = max(self.stats.peak_rss_bytes, resident_memory_bytes(self.device))
 

@@ -119,12 +119,13 @@ class Heuristic(VerifyPolicy):
 class DrafterEstimates:
     """What D-cut learns about a drafter on this machine, kept on the drafter (`dcut_estimates`) across decoding runs
     so that each run starts from it: the confidence calibrator, the mean calibrated confidence of each draft position
-    (ĉ_k; None until the drafter has drafted), and `read_ratio`, the time the drafter takes to read verified tokens
-    over the time the target takes to verify as many (both for the same rows)."""
+    (ĉ_k; None until the drafter has drafted), `read_ratio`, the time the drafter takes to read verified tokens
+    over the time the target takes to verify as many (both for the same rows), and `drafting_gain` ĝ."""
 
     read_ratio: float
     calibrator: ConfidenceCalibrator = field(default_factory=ConfidenceCalibrator)
     depth_confidence: torch.Tensor | None = None
+    drafting_gain: float | None = None  # ĝ: the saved fraction that drafting rounds' chosen cuts promised, averaged
 
 
 def parameter_ratio(drafter, target) -> float:
@@ -143,9 +144,13 @@ class DCut(VerifyPolicy):
     """D-cut (AngelSpec §4): rank every drafted token of every row by calibrated confidence and verify the prefix of
     that ranking that maximises expected tokens per second under this machine's verify-cost profile (`dcut.py`).
 
-    Whether to draft at all is priced by the same profile. With ĉ_k, the drafting time of m tokens (first step plus
-    m − 1 measured steps) and the verify cost t_v(R, 1 + m), drafting saves the fraction g = 1 − r_0 / max_m r_m of
-    a round's time, r_m = R(1 + Σ_{k≤m} ĉ_k) / (t_draft(m) + t_v(R, 1 + m)) and r_0 = R / t_v(R, 1). The drafter's
+    Whether to draft at all is priced by the same profile. A drafting round whose cut verifies depths n_r promises
+    the rate r = (R + Σ_r Σ_{k≤n_r} c_rk) / (t_draft + t_v(R, 1 + max_r n_r)) against r_0 = R / t_v(R, 1) without
+    drafts, so it saves the fraction g = 1 − r_0 / r of a round's time; ĝ, the average g of drafting rounds, prices
+    the next one. Because each round's cut sees its own confidences (verifying nothing when they are low), ĝ can be
+    positive where the mean confidence ĉ_k would not pay: a drafter that is sure on some rounds and lost on others
+    (suffix matches) pays on the sure ones. Before ĝ is known, g is read off the mean confidences:
+    g = 1 − r_0 / max_m r_m, r_m = R(1 + Σ_{k≤m} ĉ_k) / (t_draft(m) + t_v(R, 1 + m)). The drafter's
     catch-up (reading a backlog of verified tokens left by skipped rounds or a new prompt, beyond a usual round's
     1 + max_draft) costs `read_ratio` × (t_v(R, backlog) − t_v(R, 1 + max_draft)), and a round drafts when g > 0 and
     g repays that catch-up over the time the batch has left. Otherwise it drafts only as exploration (an unknown drafter, or one not expected to
@@ -231,8 +236,10 @@ class DCut(VerifyPolicy):
         return True
 
     def saved_fraction(self, first_step: float) -> float | None:
-        """g = 1 − r_0 / max_m r_m, the fraction of a round's time drafting is expected to save (negative: it costs),
-        or None before the drafter has drafted."""
+        """The fraction of a round's time drafting is expected to save (negative: it costs): ĝ once drafting rounds
+        have measured it, else g = 1 − r_0 / max_m r_m from the mean confidences; None before the drafter drafted."""
+        if self.estimates.drafting_gain is not None:
+            return self.estimates.drafting_gain
         if self.depth_confidence is None:
             return None
         expected = 1 + self.depth_confidence.cumsum(0)
@@ -249,14 +256,29 @@ class DCut(VerifyPolicy):
     def depths(self, drafting, caps, rows, draft_seconds):
         drafted = len(drafting.probabilities)
         if not drafted:
+            self._record_gain(drafting, [], [0] * len(caps), draft_seconds)
             return [0] * len(caps)
         calibrated = self.calibrator(drafting.confidence()[:, :drafted])  # position k reads only steps ≤ k
         self._record_drafting(calibrated, drafting)
         confidences = [row[:cap] for row, cap in zip(calibrated, caps)]
         depths = dcut_depths(confidences, self.verify_seconds, draft_seconds, sampled=drafting.sampled.tolist())
+        self._record_gain(drafting, confidences, depths, draft_seconds)
         if self.exploring:  # what the probe cost over a round without drafts, in place of its estimate
             self.explored_seconds += draft_seconds + self.widths[max(depths)] - self.widths[0] - self.probe_seconds
         return depths
+
+    def _record_gain(self, drafting: DraftRound, confidences, depths: list[int], draft_seconds: float) -> None:
+        """Average into ĝ the saved fraction g = 1 − r_0 / r this round's cut promises. A round that first read a
+        backlog is priced at a usual round's drafting time (its catch-up is priced apart, `catch_up_seconds`)."""
+        if drafting.reads_backlog:
+            steps = len(drafting.probabilities)
+            draft_seconds = self.first_step_seconds() + max(0, steps - 1) * self.step_seconds
+        rows = len(depths)
+        expected = rows + sum(float(c[:depth].sum()) for c, depth in zip(confidences, depths))
+        rate = expected / (draft_seconds + self.widths[max(depths, default=0)])
+        gain = 1 - (rows / self.widths[0]) / rate
+        previous = self.estimates.drafting_gain
+        self.estimates.drafting_gain = gain if previous is None else 0.8 * previous + 0.2 * gain
 
     def _record_drafting(self, calibrated: torch.Tensor, drafting: DraftRound) -> None:
         """Exponential averages of the per-position mean calibrated confidence, of the first drafting step's time and

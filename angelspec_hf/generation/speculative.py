@@ -53,7 +53,11 @@ def _assisted_decoding(self, *args, **kwargs):
         return batched_speculative_decoding(
             self, drafter, **{k: v for k, v in arguments.items() if k not in ("self", "assistant_model")}
         )
-    return _ORIGINAL_ASSISTED_DECODING(self, *args, **kwargs)
+    result = _ORIGINAL_ASSISTED_DECODING(self, *args, **kwargs)
+    if isinstance(drafter, AngelSpecDrafterPreTrainedModel):  # the batched engine tells the drafter itself
+        sequences = result if isinstance(result, torch.Tensor) else result.sequences
+        drafter.record_output(sequences[0, input_ids.shape[1] :].tolist())
+    return result
 
 
 def batched_speculative_decoding(

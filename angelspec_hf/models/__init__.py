@@ -5,11 +5,13 @@ from transformers import AutoConfig, AutoModel
 from .base import AngelSpecDrafterConfig, AngelSpecDrafterPreTrainedModel
 from .dfly import DFlyConfig, DFlyDrafter
 from .mtp import AngelSpecMTPConfig, AngelSpecMTPDrafter
+from .suffix import SuffixDrafter, SuffixDrafterConfig
 
 
 DRAFTER_CLASSES = {
     AngelSpecMTPConfig.model_type: (AngelSpecMTPConfig, AngelSpecMTPDrafter),
     DFlyConfig.model_type: (DFlyConfig, DFlyDrafter),
+    SuffixDrafterConfig.model_type: (SuffixDrafterConfig, SuffixDrafter),
 }
 
 for _config_class, _model_class in DRAFTER_CLASSES.values():
@@ -24,4 +26,6 @@ __all__ = [
     "DFlyConfig",
     "DFlyDrafter",
     "DRAFTER_CLASSES",
+    "SuffixDrafter",
+    "SuffixDrafterConfig",
 ]

@@ -38,6 +38,11 @@ class DFlyConfig(AngelSpecDrafterConfig):
 
     model_type = "angelspec_dfly"
 
+    @property
+    def drafter_kind(self) -> str:
+        """How benchmarks and tables name it: `dfly`, or `dflash` with both DFly additions off (the ablation)."""
+        return "dfly" if (self.per_layer_context_mix or self.ar_head) else "dflash"
+
     def __init__(
         self,
         block_size: int = 16,

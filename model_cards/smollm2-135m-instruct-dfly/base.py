@@ -89,6 +89,9 @@ class DraftState:
         self.cache.compact()
         self.commit()
 
+    def nbytes(self) -> int:
+        return self.cache.nbytes()
+
 
 @dataclass(frozen=True)
 class FamilyClasses:
@@ -184,6 +187,8 @@ class AngelSpecDrafterConfig(PretrainedConfig):
         hidden_noise_std (`float`, defaults to 0): in training, Gaussian noise of this standard deviation (relative to
             each state's RMS) added to the target states the drafter reads (EAGLE's feature noise), not to the teacher.
     """
+
+    drafter_kind: str  # the family's name in benchmark tables and method labels (`mtp`, `dfly`, ...)
 
     def __init__(
         self,
@@ -328,6 +333,10 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         no. Returns target-vocabulary ids [B, K] and their draft logits [B, K, V_draft], K <= `num_tokens`.
         """
         raise NotImplementedError
+
+    def record_output(self, output_ids: list[int]) -> None:
+        """A finished request's generated tokens, told by `generate()` and the engine. Drafters that learn while
+        serving keep them (the suffix drafter's shared index); the others ignore them."""
 
     def draft_position_weights(self) -> torch.Tensor:
         """Loss weight of draft position k = 1..K."""

@@ -30,6 +30,7 @@ class AngelSpecMTPConfig(AngelSpecDrafterConfig):
     """
 
     model_type = "angelspec_mtp"
+    drafter_kind = "mtp"  # how benchmarks and tables name this family
 
     def __init__(
         self,

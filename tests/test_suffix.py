@@ -1,0 +1,154 @@
+"""The suffix drafter: what its index matches, that it drafts where the output repeats, losslessly on every path,
+and that it saves, loads and shares its index of earlier outputs. Its sampled law is tested in test_lossless.py."""
+
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ARCHITECTURES, make_target
+from transformers import AutoModel
+
+import angelspec_hf
+from angelspec_hf import SuffixDrafter
+from angelspec_hf.generation.engine import Request, SpeculativeEngine
+from angelspec_hf.models.suffix.modeling_suffix import SuffixIndex, draft_log_probabilities
+
+
+def repeating_prompt(target, seed=3):
+    """A prompt ending where the target's own greedy text starts over: the continuation repeats the prompt."""
+    generator = torch.Generator().manual_seed(seed)
+    start = torch.randint(0, target.config.vocab_size - 1, (1, 6), generator=generator)
+    text = target.generate(start, max_new_tokens=30, do_sample=False)
+    return torch.cat([text, text[:, :10]], 1)
+
+
+def test_the_index_finds_the_longest_earlier_match_and_what_followed_it():
+    index = SuffixIndex(key_length=2, max_match_length=8, max_candidates=32)
+    index.extend([1, 2, 3, 9, 4, 2, 3, 7, 1, 2, 3])
+    # [1, 2, 3] occurred once before with 9 after it; [2, 3] twice more loosely (9 and 7)
+    assert index.match([1, 2, 3]) == (3, {9: 1})
+    assert index.match([5, 2, 3]) == (2, {9: 1, 7: 1})
+    assert index.match([3, 8]) == (0, {})
+    assert index.match([3]) == (0, {})  # shorter than the key: no match
+    index.add_sequence([2, 3])  # a new sequence's last token has nothing after it, and no match crosses sequences
+    assert index.match([6, 2, 3]) == (2, {9: 1, 7: 1})
+    index.extend([5])
+    assert index.match([2, 3]) == (2, {9: 1, 7: 1, 5: 1})
+    capped = SuffixIndex(key_length=1, max_match_length=2, max_candidates=1)
+    capped.extend([4, 5, 4, 6, 4])
+    assert capped.match([4]) == (1, {6: 1})  # only the most recent earlier occurrence is compared
+
+
+def test_draft_confidence_grows_with_match_length_and_agreement():
+    def confidence(length, counts):
+        return float(draft_log_probabilities(length, counts, 50).exp().max())
+
+    assert confidence(2, {7: 1}) < confidence(6, {7: 1}) < confidence(30, {7: 1}) < 1.0
+    assert confidence(6, {7: 1, 8: 1}) < confidence(6, {7: 2})
+    q = draft_log_probabilities(3, {7: 3, 8: 1}, 50).exp()
+    assert torch.isclose(q.sum(), torch.tensor(1.0)) and (q > 0).all()  # a full-support law: rejection sampling
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_greedy_output_is_the_targets_and_repeats_are_drafted(model_type):
+    target = make_target(model_type, num_hidden_layers=4, seed=3)
+    drafter = SuffixDrafter.from_target(target)
+    for schedule in ("dcut", "constant", "heuristic"):
+        drafter.generation_config.num_assistant_tokens_schedule = schedule
+        for prompt in (torch.tensor([[7]]), torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]]), repeating_prompt(target)):
+            expected = target.generate(prompt, max_new_tokens=24, do_sample=False)
+            output = target.generate(prompt, max_new_tokens=24, do_sample=False, assistant_model=drafter)
+            assert torch.equal(output, expected), (model_type, schedule)
+        if schedule == "constant":  # the last prompt's continuation is in the prompt: most drafts are accepted
+            assert drafter.speculation_stats.summary()["tau"] > 3.0
+
+
+def test_custom_generate_and_the_engine_decode_as_generate(dcut_always_drafts):
+    target = make_target("llama", num_hidden_layers=4, seed=5)
+    drafter = SuffixDrafter.from_target(target, shared_index_max_tokens=0)
+    prompts = [repeating_prompt(target, seed) for seed in (1, 2)] + [torch.tensor([[5, 6, 7]])]
+    solo = [target.generate(p, max_new_tokens=20, do_sample=False) for p in prompts]
+    for prompt, expected in zip(prompts, solo):
+        output = target.generate(
+            prompt,
+            max_new_tokens=20,
+            do_sample=False,
+            custom_generate=angelspec_hf.speculative_generate,
+            drafter=drafter,
+        )
+        assert torch.equal(output, expected)
+    engine = SpeculativeEngine(target, drafter, max_batch_size=2)
+    outputs = engine.generate([Request(p[0].tolist(), max_new_tokens=20, eos_token_id=[]) for p in prompts])
+    assert [o.output_ids for o in outputs] == [e[0, p.shape[1] :].tolist() for e, p in zip(solo, prompts)]
+    assert sum(sum(o.stats.accepted) for o in outputs[:2]) > 10
+
+
+def test_finished_outputs_feed_the_shared_index_which_stays_bounded():
+    target = make_target("llama", num_hidden_layers=4, seed=5)
+    drafter = SuffixDrafter.from_target(target, shared_index_max_tokens=64)
+    drafter.generation_config.num_assistant_tokens_schedule = "constant"
+    prompt = torch.tensor([[11, 12, 13, 14]])
+    first = target.generate(prompt, max_new_tokens=30, do_sample=False, assistant_model=drafter)
+    alone = drafter.speculation_stats.summary()["tau"]
+    assert drafter.shared_index.tokens == first[0, 4:].tolist()  # the output, not the prompt
+    again = target.generate(prompt, max_new_tokens=30, do_sample=False, assistant_model=drafter)
+    assert torch.equal(again, first) and drafter.speculation_stats.summary()["tau"] > max(2 * alone, 3.0)
+    engine = SpeculativeEngine(target, drafter, policy="constant-4", max_batch_size=2)
+    engine.generate([Request([s, s + 1], max_new_tokens=25, eos_token_id=[]) for s in range(20, 30)])
+    assert len(drafter.shared_index) <= 64 and drafter.shared_index.tokens[-1] != -1
+
+
+def test_save_and_load_keep_the_shared_index_and_generation_config(tmp_path):
+    target = make_target("qwen2", num_hidden_layers=4)
+    empty = SuffixDrafter.from_target(target)
+    empty.save_pretrained(tmp_path / "empty")
+    assert len(AutoModel.from_pretrained(tmp_path / "empty").shared_index) == 0
+    drafter = SuffixDrafter.from_target(target, min_match_length=3, shared_index_max_tokens=1000)
+    for seed in range(3):
+        drafter.record_output(torch.randint(0, 90, (40,), generator=torch.Generator().manual_seed(seed)).tolist())
+    drafter.generation_config.update(num_assistant_tokens=5, num_assistant_tokens_schedule="heuristic")
+    drafter.save_pretrained(tmp_path / "full")
+    loaded = AutoModel.from_pretrained(tmp_path / "full")
+    assert type(loaded) is SuffixDrafter and loaded.config.min_match_length == 3
+    assert loaded.shared_index.tokens == drafter.shared_index.tokens and len(loaded.shared_index) == 3 * 41 - 1
+    assert loaded.generation_config.num_assistant_tokens == 5
+    assert loaded.generation_config.num_assistant_tokens_schedule == "heuristic"
+    loaded.record_output(list(range(10)))  # a loaded index keeps growing
+    assert loaded.shared_index.tokens[-11:] == [-1] + list(range(10))
+
+
+def test_loads_and_generates_with_remote_code_where_the_package_is_missing(tmp_path):
+    target = make_target("llama", num_hidden_layers=4)
+    drafter = SuffixDrafter.from_target(target)
+    drafter.record_output([1, 2, 3, 4, 5])
+    drafter.save_pretrained(tmp_path)
+    code = (
+        "import sys; sys.modules['angelspec_hf'] = None\n"
+        "from transformers import AutoModel\n"
+        f"model = AutoModel.from_pretrained({str(tmp_path)!r}, trust_remote_code=True)\n"
+        "print(type(model).__name__, type(model).__module__.startswith('transformers_modules'), "
+        "model.shared_index.tokens)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split()[:2] == ["SuffixDrafter", "True"] and "[1, 2, 3, 4, 5]" in result.stdout
+
+
+def test_another_vocabulary_or_tokenizer_is_refused(smollm2_tokenizer):
+    drafter = SuffixDrafter.from_target(make_target("llama", num_hidden_layers=2))
+    with pytest.raises(ValueError, match="vocab_size"):
+        drafter.bind_target(make_target("llama", num_hidden_layers=2, vocab_size=64))
+    drafter.bind_target(make_target("qwen3", num_hidden_layers=2, seed=4))  # any target of that vocabulary serves
+    target = make_target("llama", num_hidden_layers=2, vocab_size=len(smollm2_tokenizer))
+    drafter = SuffixDrafter.from_target(target, smollm2_tokenizer)
+    other = copy.deepcopy(smollm2_tokenizer)
+    other.add_special_tokens({"additional_special_tokens": ["<|tool|>"]})
+    with pytest.raises(ValueError, match="tokenizer differs"):
+        drafter.bind_target(target, other)
+    with pytest.raises(NotImplementedError, match="no weights to train"):
+        drafter(None)
