@@ -13,6 +13,8 @@ from .models import (
     AngelSpecMTPDrafter,
     DFlyConfig,
     DFlyDrafter,
+    RouterDrafter,
+    RouterDrafterConfig,
     SuffixDrafter,
     SuffixDrafterConfig,
 )
@@ -29,6 +31,8 @@ __all__ = [
     "DFlyConfig",
     "DFlyDrafter",
     "Request",
+    "RouterDrafter",
+    "RouterDrafterConfig",
     "RequestOutput",
     "SpeculationStats",
     "SpeculativeEngine",

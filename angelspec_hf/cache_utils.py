@@ -88,6 +88,18 @@ class RaggedCache:
             layer.keys, layer.values = layer.keys[rows], layer.values[rows]
         self.valid = self.valid[rows]
 
+    def split_rows(self, rows: torch.LongTensor) -> "RaggedCache":
+        """Move `rows` (in that order) out into a cache of their own; this one keeps its other rows, in order."""
+        rows = rows.to(self.valid.device)
+        part = RaggedCache(0, self.valid.device)
+        part.valid = self.valid[rows]
+        for index, layer in enumerate(self.written_layers()):
+            part.cache.update(layer.keys[rows], layer.values[rows], index)
+        others = torch.ones(self.batch_size, dtype=torch.bool, device=self.valid.device)
+        others[rows] = False
+        self.select_rows(others.nonzero()[:, 0])
+        return part
+
     def append_rows(self, *others: "RaggedCache") -> None:
         """Add the rows of `others` (joining requests) below ours, left-padding the narrower ones with holes, in one
         copy per layer however many join. A cache without tensors yet (nothing written) contributes all-hole rows."""

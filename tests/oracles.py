@@ -28,7 +28,7 @@ class SoloOracle:
 
     def propose(self, state, target_hidden, new_token_ids, num_tokens, choose, keep_drafting=None, new_lengths=None):
         if self.random_confidence:  # the drafting round records a random draft probability for each chosen token
-            drafting, real_choose = choose.__self__, choose
+            drafting, real_choose = choose, choose
 
             def choose(logits):
                 token = real_choose(logits)

@@ -156,8 +156,12 @@ class TestDFlash(DrafterTesterMixin):
     )
 
 
-@pytest.mark.parametrize(
-    "card", sorted(os.path.basename(os.path.dirname(p)) for p in glob.glob(f"{CARDS}/*/config.json"))
+@pytest.mark.parametrize(  # a router's members are drafter folders of their own, under members/
+    "card",
+    sorted(
+        os.path.relpath(os.path.dirname(p), CARDS)
+        for p in glob.glob(f"{CARDS}/*/config.json") + glob.glob(f"{CARDS}/*/members/*/config.json")
+    ),
 )
 def test_model_card_remote_code_is_the_package_source(card, tmp_path):
     """Each card's remote-code files are exactly what the package writes today: regenerated into a scratch folder

@@ -10,7 +10,7 @@ from conftest import make_target
 from oracles import FixedLawDFly, FixedLawMTP
 from scipy.stats import chisquare
 
-from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, SuffixDrafter
+from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, RouterDrafter, SuffixDrafter
 from angelspec_hf.generation import dcut, policies
 from angelspec_hf.generation.dcut import ConfidenceCalibrator, VerifyCostModel, dcut_depths
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
@@ -50,6 +50,11 @@ def tiny_target(seed=11):
 def random_drafter(kind, target, scale, seed, fixed_law=False):
     """A drafter with N(0, scale²) weights: at scale 5 confidently wrong (adversarial), at 1 peaked but milder;
     `fixed_law` drafts from `FixedLawDrafting.law` instead of its own head."""
+    if kind == "router":  # each member in turn, per request (see `rotating_members`)
+        members = [
+            random_drafter(member, target, scale, seed + i) for i, member in enumerate(["mtp", "dfly", "suffix"])
+        ]
+        return RouterDrafter.from_members(members)
     if kind == "suffix":  # no weights: its law comes from matches against a random shared index of outputs
         drafter = SuffixDrafter.from_target(target, num_draft_tokens=3, min_match_length=1)
         text = torch.randint(0, VOCAB, (400,), generator=torch.Generator().manual_seed(seed))
@@ -101,6 +106,24 @@ def frozen_calibration(monkeypatch):
     monkeypatch.setattr(ConfidenceCalibrator, "update", lambda self, raw, accepted: None)
 
 
+def rotating_members(monkeypatch):
+    """The router's member for each request changes every round and differs between neighbouring requests, so
+    every member drafts sampled rows, alone and beside the others (the members' states split and merged back)."""
+    rounds = [0]
+    original = RouterDrafter.propose
+
+    def propose(self, state, *args, **kwargs):
+        rounds[0] += 1
+        for r, row in enumerate(state.rows):
+            row.forced = (r + rounds[0]) % len(self.members)
+        return original(self, state, *args, **kwargs)
+
+    monkeypatch.setattr(RouterDrafter, "propose", propose)
+    monkeypatch.setattr(
+        RouterDrafter, "choice", lambda self, state, r, pending=(): (getattr(state.rows[r], "forced", 0), None, False)
+    )
+
+
 def sample_first_tokens(path, schedule, target, drafter, seed, profile, samples):
     """Cell index of the first three sampled tokens of `samples` continuations, and how many drafts were verified."""
     cells, verified = [], 0
@@ -141,7 +164,9 @@ def check_sampled_law(kind, schedule, path, drafting, profile, case, monkeypatch
     if pin_drafting:
         monkeypatch.setattr(policies.DCut, "drafting_pays", lambda self, budget, backlog: True)
     target = tiny_target(seed=11 + case % 3)
-    scale = 5.0 if drafting == "adversarial" else {"mtp": 1.0, "dfly": 0.5, "suffix": 0.0}[kind]
+    scale = 5.0 if drafting == "adversarial" else {"mtp": 1.0, "dfly": 0.5, "suffix": 0.0, "router": 0.5}[kind]
+    if kind == "router":
+        rotating_members(monkeypatch)
     drafter = random_drafter(kind, target, scale=scale, seed=case, fixed_law=drafting == "fixed-law")
     samples = SAMPLES[schedule]
     counts, verified = sample_first_tokens(
@@ -153,18 +178,18 @@ def check_sampled_law(kind, schedule, path, drafting, profile, case, monkeypatch
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize("kind", ["mtp", "dfly", "suffix"])
+@pytest.mark.parametrize("kind", ["mtp", "dfly", "suffix", "router"])
 def test_sampling_keeps_the_target_law_under_every_schedule_and_path(kind, schedule, path, monkeypatch):
     """2,500-4,000 sampled continuations per case, target, drafter weights and seed changing from case to case. D-cut
     drafts from a fixed law under a steep verify cost, where a cut reading the token it judges would bias the output
     (`FixedLawDrafting`); the other schedules alternate a peaked random drafter with an adversarial one (N(0, 5²)
     weights: confidently wrong, so rejection sampling does most of the work). The suffix drafter drafts from its
-    matches, its shared index growing with every sampled output."""
-    case = 6 * ["mtp", "dfly", "suffix"].index(kind) + 3 * SCHEDULES.index(schedule) + PATHS.index(path)
+    matches, its shared index growing with every sampled output; the router, each of those members in turn."""
+    case = 6 * ["mtp", "dfly", "suffix", "router"].index(kind) + 3 * SCHEDULES.index(schedule) + PATHS.index(path)
     drafting = "fixed-law" if schedule == "dcut" else ("adversarial" if case % 2 else "peaked")
     # The suffix drafter's confidences (matches in a random text) rarely clear the steep profile's bar; under this
     # machine's profile its cut still turns on them.
-    profile = REAL_PROFILE if kind == "suffix" else STEEP_PROFILE
+    profile = REAL_PROFILE if kind in ("suffix", "router") else STEEP_PROFILE
     check_sampled_law(kind, schedule, path, drafting, profile, case, monkeypatch)
 
 

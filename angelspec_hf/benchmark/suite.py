@@ -5,8 +5,8 @@ GSM8K test and MBPP test, prompts spread evenly over each domain. Methods throug
 every ratio), transformers' prompt lookup decoding, transformers' assisted generation with its heuristic schedule on
 an early-exit assistant (the target's first quarter of layers, the one compatible assistant available offline),
 transformers' built-in DFlash generator on our DFlash-ablation checkpoint, and each shipped drafter with D-cut (MTP
-with and without TTT, DFlash, DFly, the training-free suffix drafter). Then the batched engine: batched AR vs MTP,
-DFly and the suffix drafter at constant depths and with D-cut, over concurrencies, on the chat+math+code mix. A method that fails (for example a drafter for another target) is reported with its error; the rest of the suite runs.
+with and without TTT, DFlash, DFly, the training-free suffix drafter, and the router over MTP + DFly + suffix). Then the batched engine:
+batched AR vs MTP, DFly, the suffix drafter and the router at constant depths and with D-cut, over concurrencies, on the chat+math+code mix. A method that fails (for example a drafter for another target) is reported with its error; the rest of the suite runs.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ DRAFTER_CARDS = {  # method kind -> model card folder (under --drafters-dir)
     "dflash": "smollm2-135m-instruct-dflash",
     "dfly": "smollm2-135m-instruct-dfly",
     "suffix": "smollm2-135m-instruct-suffix",
+    "router": "smollm2-135m-instruct-router",
 }
 
 EARLY_EXIT_FRACTION = 4  # the heuristic assisted-generation baseline drafts with the target's first quarter of layers
@@ -64,7 +65,7 @@ QUICK = SuiteSize(  # a smoke run under 3 minutes: every method and both engine 
     8,
     (1, 4),
     8,
-    {"mtp": ("constant-2", "dcut"), "dfly": ("constant-4", "dcut"), "suffix": ("dcut",)},
+    {"mtp": ("constant-2", "dcut"), "dfly": ("constant-4", "dcut"), "suffix": ("dcut",), "router": ("dcut",)},
     1,
     shortest=True,
     engine_requests=1,
@@ -78,6 +79,7 @@ FULL = SuiteSize(  # sized to finish within an hour on one CPU thread; every tim
         "mtp": ("constant-1", "constant-2", "constant-3", "dcut"),
         "dfly": ("constant-1", "constant-2", "constant-4", "constant-8", "dcut"),
         "suffix": ("constant-4", "dcut"),
+        "router": ("dcut",),
     },
     2,
     engine_repeats=2,

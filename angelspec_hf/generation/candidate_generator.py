@@ -95,7 +95,14 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         self.num_seen = length - 1
         budget = self.max_length - length - 1
         count = (
-            self.policy.draft_count([self.row], budget, backlog=self.pending_tokens.shape[1]) if self.may_draft else 0
+            self.policy.draft_count(
+                [self.row],
+                budget,
+                backlog=self.pending_tokens.shape[1],
+                promised_gain=self.drafter.promised_gain(self.state, self.pending_tokens.tolist()),
+            )
+            if self.may_draft
+            else 0
         )
         self.drafting, self.num_drafted = None, 0
         if count == 0:
@@ -145,3 +152,4 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         self.stats.record_round(drafted=self.num_drafted, accepted=num_matches)
         if self.drafting is not None:
             self.policy.observe(self.drafting, [self.num_drafted], [num_matches], [self.row])
+            self.drafter.record_acceptance(self.state, [self.num_drafted], [num_matches])

@@ -382,7 +382,12 @@ class SpeculativeEngine:
             return no_drafts
         budget = max(row.remaining for row in self.rows) - 1
         width = max(len(row.pending_tokens) for row in self.rows)
-        count = self.policy.draft_count([row.policy_row for row in self.rows], budget, backlog=width)
+        count = self.policy.draft_count(
+            [row.policy_row for row in self.rows],
+            budget,
+            backlog=width,
+            promised_gain=self.drafter.promised_gain(self.draft_state, [row.pending_tokens for row in self.rows]),
+        )
         if count == 0:
             self.stats.skipped_drafts += budget > 0
             return no_drafts
@@ -489,6 +494,7 @@ class SpeculativeEngine:
         self.cache.keep_last(keep)
         if drafting is not None:
             self.policy.observe(drafting, observed, accepted_counts, [row.policy_row for row in self.rows])
+            self.drafter.record_acceptance(self.draft_state, observed, accepted_counts)
         self.stats.phase_seconds["verify"] += time.perf_counter() - start
 
     def _accept_sampled(

@@ -61,14 +61,20 @@ class VerifyPolicy:
         return {"num_assistant_tokens_schedule": self.schedule, "num_assistant_tokens": self.max_draft}
 
     def start(self, target, drafter, max_rows: int = 1) -> None:
-        """Prepare for a decoding run of up to `max_rows` rows with `drafter` on `target`."""
+        """Prepare for a decoding run of up to `max_rows` rows with `drafter` on `target` (a drafter that prices its
+        own drafting gets the verify-cost profile)."""
+        if drafter.prices_its_drafting and drafter.verify_cost_model is None:
+            drafter.verify_cost_model = load_cost_model(target, rows=profiled_rows(max_rows))
 
     def new_row(self) -> RowState:
         return RowState(depth=self.max_draft)
 
-    def draft_count(self, rows: Sequence[RowState], budget: int, backlog: int) -> int:
+    def draft_count(
+        self, rows: Sequence[RowState], budget: int, backlog: int, promised_gain: float | None = None
+    ) -> int:
         """Most tokens to draft this round for `rows`, none past `budget` (tokens the longest row may still add);
-        the drafter has `backlog` verified tokens (of the row with most) to read first."""
+        the drafter has `backlog` verified tokens (of the row with most) to read first, and promises to save
+        `promised_gain` of the round's time when it knows (`drafter.promised_gain`)."""
         return max(0, min(self.max_draft, budget))
 
     def keep_drafting(self, drafting: DraftRound, count: int) -> bool:
@@ -103,7 +109,7 @@ class Heuristic(VerifyPolicy):
 
     schedule = "heuristic"
 
-    def draft_count(self, rows, budget, backlog):
+    def draft_count(self, rows, budget, backlog, promised_gain=None):
         return max(0, min(budget, max((row.depth for row in rows), default=0)))
 
     def depths(self, drafting, caps, rows, draft_seconds):
@@ -172,6 +178,7 @@ class DCut(VerifyPolicy):
         self.probe_seconds = 0.0  # what this round's exploration was estimated to cost
         self.rows = 1
         self.widths: list[float] = []  # this round's verify cost by width (1 + drafts per row)
+        self.promised_gain: float | None = None  # what the drafter promised this round would save, if it knows
 
     @property
     def calibrator(self) -> ConfidenceCalibrator:
@@ -184,6 +191,8 @@ class DCut(VerifyPolicy):
     def start(self, target, drafter, max_rows=1):
         if self.cost_model is None:
             self.cost_model = load_cost_model(target, rows=profiled_rows(max_rows))
+        if drafter.prices_its_drafting:
+            drafter.verify_cost_model = self.cost_model
         if drafter.dcut_estimates is None:
             drafter.dcut_estimates = DrafterEstimates(read_ratio=parameter_ratio(drafter, target))
         self.estimates = drafter.dcut_estimates
@@ -204,8 +213,9 @@ class DCut(VerifyPolicy):
         usual = self.cost_model(self.rows, self.max_draft + 1)
         return self.estimates.read_ratio * max(0.0, self.cost_model(self.rows, backlog) - usual)
 
-    def draft_count(self, rows, budget, backlog):
+    def draft_count(self, rows, budget, backlog, promised_gain=None):
         count = super().draft_count(rows, budget, backlog)
+        self.promised_gain = promised_gain
         self.rows = len(rows)
         self.widths = [self.cost_model(self.rows, width) for width in range(1, self.max_draft + 2)]
         self.decoded_seconds += self.widths[0]
@@ -216,9 +226,11 @@ class DCut(VerifyPolicy):
         return count
 
     def drafting_pays(self, budget: int, backlog: int) -> bool:
-        """Whether drafting this round is expected to pay: g > 0, and g repays the catch-up over the `budget` rounds
-        the batch has left."""
-        saved = self.saved_fraction(self.first_step_seconds())
+        """Whether drafting this round is expected to pay: g > 0 (the drafter's promise, when it made one, else
+        `saved_fraction`), and g repays the catch-up over the `budget` rounds the batch has left."""
+        saved = (
+            self.promised_gain if self.promised_gain is not None else self.saved_fraction(self.first_step_seconds())
+        )
         return saved is not None and saved > 0 and self.catch_up_seconds(backlog) <= saved * budget * self.widths[0]
 
     def may_explore(self, count: int, budget: int, backlog: int) -> bool:
@@ -377,15 +389,10 @@ def draft_round(
         generators=generators,
         read_width=tokens.shape[1],
         reads_backlog=tokens.shape[1] > policy.max_draft + 1,  # after skipped rounds, or a new prompt
+        keep_drafting_rule=lambda steps: policy.keep_drafting(steps, count),
     )
     draft_ids, logits = drafter.propose(
-        state,
-        hidden,
-        tokens,
-        count,
-        drafting.choose,
-        keep_drafting=lambda: policy.keep_drafting(drafting, count),
-        new_lengths=new_lengths,
+        state, hidden, tokens, count, drafting, keep_drafting=drafting.keep_drafting, new_lengths=new_lengths
     )
     drafting.seconds = time.perf_counter() - drafting.start
     return draft_ids, logits, drafting

@@ -5,14 +5,12 @@ from transformers import AutoConfig, AutoModel
 from .base import AngelSpecDrafterConfig, AngelSpecDrafterPreTrainedModel
 from .dfly import DFlyConfig, DFlyDrafter
 from .mtp import AngelSpecMTPConfig, AngelSpecMTPDrafter
+from .router import RouterDrafter, RouterDrafterConfig
+from .router.modeling_router import MEMBER_CLASSES
 from .suffix import SuffixDrafter, SuffixDrafterConfig
 
 
-DRAFTER_CLASSES = {
-    AngelSpecMTPConfig.model_type: (AngelSpecMTPConfig, AngelSpecMTPDrafter),
-    DFlyConfig.model_type: (DFlyConfig, DFlyDrafter),
-    SuffixDrafterConfig.model_type: (SuffixDrafterConfig, SuffixDrafter),
-}
+DRAFTER_CLASSES = {**MEMBER_CLASSES, RouterDrafterConfig.model_type: (RouterDrafterConfig, RouterDrafter)}
 
 for _config_class, _model_class in DRAFTER_CLASSES.values():
     AutoConfig.register(_config_class.model_type, _config_class, exist_ok=True)
@@ -26,6 +24,8 @@ __all__ = [
     "DFlyConfig",
     "DFlyDrafter",
     "DRAFTER_CLASSES",
+    "RouterDrafter",
+    "RouterDrafterConfig",
     "SuffixDrafter",
     "SuffixDrafterConfig",
 ]

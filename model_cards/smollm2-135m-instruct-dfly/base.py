@@ -92,6 +92,22 @@ class DraftState:
     def nbytes(self) -> int:
         return self.cache.nbytes()
 
+    def split(self, rows: list[int]) -> "DraftState":
+        """Move `rows` out into a state of their own (what a router drafts apart); both are left fully committed."""
+        self.begin_round()
+        part = DraftState(self.cache.split_rows(torch.tensor(rows, dtype=torch.long)))
+        part.commit()
+        return part
+
+    def merge(self, part: "DraftState", order: list[int]) -> None:
+        """Take back the rows of `part` (dropping its speculative columns) below ours, then put all rows in `order`
+        (indices into ours followed by the part's)."""
+        self.begin_round()
+        part.begin_round()
+        self.cache.append_rows(part.cache)
+        self.cache.select_rows(torch.tensor(order, dtype=torch.long))
+        self.commit()
+
 
 @dataclass(frozen=True)
 class FamilyClasses:
@@ -276,6 +292,12 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         # `SpeculationStats`.
         self.dcut_estimates = None
         self.speculation_stats = None
+        # The verify-cost profile, set when decoding starts for a drafter that prices its own drafting
+        # (`prices_its_drafting`: the router, choosing a member per request).
+        self.verify_cost_model = None
+
+    prices_its_drafting = False
+    reads_for_free = False  # reading verified tokens costs it nothing (no weights): a router lets it read every round
 
     def default_num_draft_tokens(self) -> int:
         """Draft tokens per round unless `generation_config.num_assistant_tokens` says otherwise."""
@@ -333,6 +355,26 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         no. Returns target-vocabulary ids [B, K] and their draft logits [B, K, V_draft], K <= `num_tokens`.
         """
         raise NotImplementedError
+
+    def outlook(self, state, row: int, pending_tokens: list[int]) -> int | None:
+        """A cheap look, before drafting, at how well row `row` of `state` can be drafted now, given the tokens it
+        verified since this drafter last read (`pending_tokens`): the suffix drafter's current match length. None
+        for a drafter without one. The router ranks members by their record at each outlook."""
+        return None
+
+    def promised_gain(self, state, pending: list[list[int]] | None = None) -> float | None:
+        """The fraction of a round's time the next drafting round of `state` is expected to save, its catch-up on
+        verified tokens included (`pending[r]`: the tokens row r verified since the drafter last read), for a drafter
+        that knows better than the verify policy's average (the router, from its members' record on each request);
+        None leaves it to the policy."""
+        return None
+
+    def record_acceptance(self, state, drafted: list[int], accepted: list[int]) -> None:
+        """After verification: row r of `state` had `drafted[r]` of its drafts verified and `accepted[r]` of them
+        accepted. Drafters that choose how to draft by what was accepted (the router) learn from it."""
+
+    def prepare_for_saving(self) -> None:
+        """Bring state kept outside the tensors (the suffix drafter's shared index) into them before a save."""
 
     def record_output(self, output_ids: list[int]) -> None:
         """A finished request's generated tokens, told by `generate()` and the engine. Drafters that learn while
@@ -513,27 +555,42 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         os.makedirs(parent, exist_ok=True)
         staging = tempfile.mkdtemp(prefix=f".{os.path.basename(save_directory)}.saving-", dir=parent)
         try:
-            super().save_pretrained(staging, *args, **kwargs)
-            self.generation_config.save_pretrained(staging)  # transformers saves it only for models that generate
-            self._write_remote_code(staging)
+            self.write_checkpoint(staging, *args, **kwargs)
             os.makedirs(save_directory, exist_ok=True)
-            names = sorted(os.listdir(staging), key=lambda name: name == "config.json")
-            for name in names:
-                os.replace(os.path.join(staging, name), os.path.join(save_directory, name))
+            for name in sorted(os.listdir(staging), key=lambda name: name == "config.json"):
+                destination = os.path.join(save_directory, name)
+                if os.path.isdir(destination):  # a folder (a router's members) is swapped in whole
+                    retired = tempfile.mkdtemp(prefix=f".{name}.old-", dir=save_directory)
+                    os.replace(destination, os.path.join(retired, name))
+                    os.replace(os.path.join(staging, name), destination)
+                    shutil.rmtree(retired, ignore_errors=True)
+                else:
+                    os.replace(os.path.join(staging, name), destination)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+    def write_checkpoint(self, directory: str, *args, **kwargs) -> None:
+        """Everything a checkpoint holds (weights, config, generation config, remote code), written into
+        `directory`; `save_pretrained` makes it atomic."""
+        self.prepare_for_saving()
+        PreTrainedModel.save_pretrained(self, directory, *args, **kwargs)
+        self.generation_config.save_pretrained(directory)  # transformers saves it only for models that generate
+        self._write_remote_code(directory)
+
+    def remote_code_modules(self) -> list:
+        """The package modules this drafter's remote code needs besides `base` and its helpers."""
+        return [importlib.import_module(type(self).__module__), importlib.import_module(type(self.config).__module__)]
 
     def _write_remote_code(self, directory: str) -> None:
         """Copy this drafter's configuration/modeling files and their package helpers, flattened into one folder."""
         package = os.path.dirname(os.path.abspath(__file__))
         model_module = importlib.import_module(type(self).__module__)
         config_module = importlib.import_module(type(self.config).__module__)
-        sources = [model_module.__file__, config_module.__file__, __file__] + [
-            os.path.join(os.path.dirname(package), helper) for helper in ("targets.py", "cache_utils.py")
-        ]
-        for source in sources:
-            with open(source) as handle:
-                code = re.sub(r"from \.+(\w+) import", r"from .\1 import", handle.read())
+        sources = [module.__file__ for module in self.remote_code_modules()] + [__file__]
+        sources += [os.path.join(os.path.dirname(package), helper) for helper in ("targets.py", "cache_utils.py")]
+        for source in dict.fromkeys(sources):
+            with open(source) as handle:  # `from .modeling_mtp import` and `from .base import` alike
+                code = re.sub(r"from \.+(?:\w+\.)*(\w+) import", r"from .\1 import", handle.read())
             with open(os.path.join(directory, os.path.basename(source)), "w") as handle:
                 handle.write(code)
         config_path = os.path.join(directory, "config.json")

@@ -116,8 +116,23 @@ class SuffixDraftState:
     def compact(self) -> None:
         pass
 
+    def begin_round(self) -> None:
+        pass
+
     def nbytes(self) -> int:
         return sum(index.nbytes() for index in self.rows)
+
+    def split(self, rows: list[int]) -> "SuffixDraftState":
+        """Move `rows` out into a state of their own (what a router drafts apart)."""
+        part = SuffixDraftState(self.make_index, [self.rows[r] for r in rows])
+        moved = set(rows)
+        self.rows = [index for r, index in enumerate(self.rows) if r not in moved]
+        return part
+
+    def merge(self, part: "SuffixDraftState", order: list[int]) -> None:
+        """Take back the rows of `part` below ours, then put all rows in `order`."""
+        rows = self.rows + part.rows
+        self.rows = [rows[r] for r in order]
 
 
 class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
@@ -126,6 +141,7 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
 
     config_class = SuffixDrafterConfig
     _no_split_modules = []
+    reads_for_free = True
 
     def __init__(self, config: SuffixDrafterConfig):
         super().__init__(config)
@@ -232,12 +248,22 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
         for sequence in self._shared_outputs:
             self._shared.add_sequence(sequence)
 
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        """Save the config with the shared index as the `shared_tokens` buffer (the index's text)."""
+    def prepare_for_saving(self) -> None:
+        """The shared index into the `shared_tokens` buffer (the index's text), its length into the config."""
         tokens = self.shared_index.tokens
         self.shared_tokens = torch.tensor(tokens, dtype=torch.long, device=self.device).reshape(-1)
         self.config.shared_index_num_tokens = len(tokens)
-        super().save_pretrained(save_directory, *args, **kwargs)
+
+    def outlook(self, state: SuffixDraftState, row: int, pending_tokens: list[int]) -> int:
+        """The length of the longest earlier match of row `row`'s context (its tokens, then `pending_tokens`)."""
+        index = state.rows[row]
+        suffix = (index.tokens[-self.config.max_match_length :] + list(pending_tokens))[
+            -self.config.max_match_length :
+        ]
+        length = index.match(suffix)[0]
+        if self.config.shared_index_max_tokens:
+            length = max(length, self.shared_index.match(suffix)[0])
+        return length if length >= self.config.min_match_length else 0
 
     # -- drafting ---------------------------------------------------------------------------------------------------
 

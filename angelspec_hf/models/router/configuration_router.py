@@ -1,0 +1,49 @@
+"""Configuration of the router drafter: several member drafters behind one `assistant_model`."""
+
+from __future__ import annotations
+
+from ..base import AngelSpecDrafterConfig, check_int
+
+
+class RouterDrafterConfig(AngelSpecDrafterConfig):
+    r"""
+    Member drafters (MTP, DFly, suffix, ...) of one target, of which each round drafts with the one that promises the
+    most tokens per second for each request (AngelSpec's workload co-specialisation, chosen by measured cost).
+
+    Args:
+        members (`list[dict]`): each member's config (`config.to_dict()`, `model_type` included); the members'
+            weights are the router's, under `members.<i>.`.
+        member_names (`list[str]`, *optional*): a name per member (default: each member's family, e.g. `mtp`).
+        num_draft_tokens (`int`, *optional*): most tokens per round (default: the most any member drafts by default).
+        explore_tokens (`int`, defaults to 64): a request re-tries a member that has not drafted it for this many
+            verified tokens, so its estimate of every member stays current.
+    """
+
+    model_type = "angelspec_router"
+    drafter_kind = "router"
+
+    def __init__(
+        self,
+        members: list[dict] | None = None,
+        member_names: list[str] | None = None,
+        num_draft_tokens: int | None = None,
+        explore_tokens: int = 64,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        members = list(members or [])
+        if not all(isinstance(member, dict) and isinstance(member.get("model_type"), str) for member in members):
+            raise ValueError("members must be the members' configs as dicts, each with its model_type")
+        if any(member["model_type"] == self.model_type for member in members):
+            raise ValueError("A router cannot be a member of a router")
+        if member_names is not None and (
+            len(member_names) != len(members) or len(set(member_names)) != len(member_names)
+        ):
+            raise ValueError(f"member_names must name each of the {len(members)} members once, got {member_names!r}")
+        if num_draft_tokens is not None:
+            check_int("num_draft_tokens", num_draft_tokens)
+        check_int("explore_tokens", explore_tokens)
+        self.members = members
+        self.member_names = list(member_names) if member_names is not None else None
+        self.num_draft_tokens = num_draft_tokens
+        self.explore_tokens = explore_tokens

@@ -1,0 +1,167 @@
+"""A KV cache shared by rows of different lengths: how a batch with ragged acceptance stays on one tensor.
+
+Speculative rounds accept a different number of tokens in every row. Instead of re-laying the cache out after each
+round, all rows share the same columns and a per-row validity mask says which columns hold real tokens: a rejected
+draft becomes a masked hole, a row that joined later is masked on the left. Keys carry their rotary position from
+the moment they were written, so holes change nothing but the mask; position ids are tracked per row (`lengths`).
+`compact()` squeezes the holes out once they waste more than half the columns.
+
+transformers' `DynamicCache` stores the tensors (the model's own layers update it); this class only tracks
+validity and does the row surgery (drop finished rows, append joining rows) that a fixed-batch cache lacks.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+def ragged_valid(lengths: torch.LongTensor | None, batch_size: int, count: int, device) -> torch.Tensor:
+    """[B, count] mask of the real columns of a right-padded chunk (all real when `lengths` is None)."""
+    if lengths is None:
+        return torch.ones(batch_size, count, dtype=torch.bool, device=device)
+    return torch.arange(count, device=device)[None, :] < lengths.to(device)[:, None]
+
+
+def last_valid(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """[B, 1, ...]: each row's entry at its last real column of a right-padded chunk."""
+    index = valid.long().sum(1).sub(1).clamp(min=0).view(-1, 1, *([1] * (values.dim() - 2)))
+    return values.gather(1, index.expand(-1, 1, *values.shape[2:]))
+
+
+class RaggedCache:
+    """A `DynamicCache` plus `valid` [B, W]: whether column c of row r holds a token of that row's sequence."""
+
+    def __init__(self, batch_size: int, device: torch.device | str = "cpu"):
+        self.cache = DynamicCache()
+        self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
+
+    @property
+    def batch_size(self) -> int:
+        return self.valid.shape[0]
+
+    @property
+    def width(self) -> int:
+        return self.valid.shape[1]
+
+    @property
+    def lengths(self) -> torch.LongTensor:
+        """Tokens held per row: the position id of each row's next token."""
+        return self.valid.sum(1)
+
+    def append(self, new_valid: torch.Tensor) -> None:
+        """Register `new_valid.shape[1]` columns about to be written by a forward (False: a hole from the start)."""
+        self.valid = torch.cat([self.valid, new_valid.to(self.valid.device, torch.bool)], dim=1)
+
+    def attention_mask(self, count: int, causal: bool = True) -> torch.Tensor:
+        """Boolean attention mask [B, 1, count, W] (True = attend) of the last `count` columns as queries. A query sees
+        the valid keys of its row, earlier columns only if `causal`, and always itself, so no query row is empty
+        (an empty row would turn the padding's keys into NaN)."""
+        keys = torch.arange(self.width, device=self.valid.device)
+        queries = torch.arange(count, device=self.valid.device)[:, None] + self.width - count
+        order = (
+            keys[None, :] <= queries if causal else torch.ones(count, self.width, dtype=torch.bool, device=keys.device)
+        )
+        return (self.valid[:, None, None, :] & order) | (keys[None, :] == queries)
+
+    def position_ids(self, count: int, offset: int = 0) -> torch.LongTensor:
+        """[B, count] positions of `count` new tokens per row (before `append` registers them)."""
+        return self.lengths[:, None] + offset + torch.arange(count, device=self.valid.device)
+
+    def keep_last(self, keep: torch.Tensor) -> None:
+        """After verification: of the last `keep.shape[1]` columns, only those marked in `keep` [B, n] stay valid."""
+        self.valid[:, -keep.shape[1] :] &= keep.to(self.valid.device, torch.bool)
+
+    def crop(self, count: int) -> None:
+        """Drop the last `count` columns of every row."""
+        if count > 0:
+            self.cache.crop(-count)
+            self.valid = self.valid[:, :-count]
+
+    def select_rows(self, rows: torch.LongTensor) -> None:
+        """Keep only `rows` (in that order): finished requests leave the batch."""
+        if not rows.numel():  # nobody left: start afresh
+            self.cache, self.valid = DynamicCache(), self.valid.new_zeros(0, 0)
+            return
+        rows = rows.to(self.valid.device)
+        for layer in self.written_layers():  # not `DynamicCache.batch_select_indices`: it skips zero-column layers
+            layer.keys, layer.values = layer.keys[rows], layer.values[rows]
+        self.valid = self.valid[rows]
+
+    def split_rows(self, rows: torch.LongTensor) -> "RaggedCache":
+        """Move `rows` (in that order) out into a cache of their own; this one keeps its other rows, in order."""
+        rows = rows.to(self.valid.device)
+        part = RaggedCache(0, self.valid.device)
+        part.valid = self.valid[rows]
+        for index, layer in enumerate(self.written_layers()):
+            part.cache.update(layer.keys[rows], layer.values[rows], index)
+        others = torch.ones(self.batch_size, dtype=torch.bool, device=self.valid.device)
+        others[rows] = False
+        self.select_rows(others.nonzero()[:, 0])
+        return part
+
+    def append_rows(self, *others: "RaggedCache") -> None:
+        """Add the rows of `others` (joining requests) below ours, left-padding the narrower ones with holes, in one
+        copy per layer however many join. A cache without tensors yet (nothing written) contributes all-hole rows."""
+        parts = [cache for cache in (self, *others) if cache.batch_size]
+        if len(parts) <= 1:
+            if parts:
+                self.cache, self.valid = parts[0].cache, parts[0].valid
+            return
+        width = max(cache.width for cache in parts)
+        tensors = [cache.tensors(width) for cache in parts]
+        written = [t for t in tensors if t]
+        if written:
+            if any(len(t) != len(written[0]) for t in written):
+                raise ValueError(f"Cannot merge caches of {sorted({len(t) for t in written})} layers")
+            template = written[0]
+            tensors = [
+                t or [tuple(x.new_zeros(cache.batch_size, *x.shape[1:]) for x in pair) for pair in template]
+                for cache, t in zip(parts, tensors)
+            ]
+            holder = next(cache for cache in parts if cache.written_layers())
+            for index, layer in enumerate(holder.written_layers()):  # the holder's layer objects carry on
+                layer.keys = torch.cat([t[index][0] for t in tensors], dim=0)
+                layer.values = torch.cat([t[index][1] for t in tensors], dim=0)
+            self.cache = holder.cache
+        self.valid = torch.cat([cache.pad_left(width) for cache in parts], dim=0)
+
+    def compact(self, max_waste: float = 0.5) -> None:
+        """Squeeze out the holes once that frees more than `max_waste` of the columns: each row's tokens, in order,
+        move to its last `lengths[r]` columns (left-padded to the longest row). Holes that only left-pad shorter
+        rows cannot be freed, so they never trigger the copy."""
+        width = int(self.lengths.max()) if self.batch_size else 0
+        if not self.width or width >= (1 - max_waste) * self.width:
+            return
+        # A stable sort of the 0/1 validity puts each row's holes first and keeps its tokens in order.
+        order = torch.sort(self.valid.to(torch.int8), dim=1, stable=True).indices[:, self.width - width :]
+        for layer in self.written_layers():
+            index = order[:, None, :, None].to(layer.keys.device)
+            layer.keys = layer.keys.gather(2, index.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1]))
+            layer.values = layer.values.gather(2, index.expand(-1, layer.values.shape[1], -1, layer.values.shape[-1]))
+        self.valid = self.valid.gather(1, order)
+
+    def nbytes(self) -> int:
+        """Bytes held by the cache tensors."""
+        return sum(t.numel() * t.element_size() for layer in self.written_layers() for t in (layer.keys, layer.values))
+
+    # -- helpers ------------------------------------------------------------------------------------------------------
+
+    def written_layers(self) -> list:
+        """The cache layers that hold [B, heads, columns, dim] tensors (a layer is created empty and filled by the
+        first forward). Zero columns still count: such a layer has a batch size that row surgery must keep right."""
+        return [
+            layer for layer in self.cache.layers if getattr(layer, "keys", None) is not None and layer.keys.dim() == 4
+        ]
+
+    def tensors(self, width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each written layer's (keys, values), left-padded with zero columns to `width`."""
+        out = []
+        for layer in self.written_layers():
+            pad = width - layer.keys.shape[2]
+            out.append(tuple(torch.nn.functional.pad(t, (0, 0, pad, 0)) for t in (layer.keys, layer.values)))
+        return out
+
+    def pad_left(self, width: int) -> torch.Tensor:
+        """`valid` padded on the left with holes to `width` columns."""
+        return torch.cat([self.valid.new_zeros(self.batch_size, width - self.width), self.valid], dim=1)

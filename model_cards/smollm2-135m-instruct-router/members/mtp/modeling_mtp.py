@@ -1,0 +1,271 @@
+"""AngelSpec MTP drafter (AngelSpec §2, eq. 1-2) with training-time test (§2.2).
+
+    u(k)   = W_proj [RMSNorm(h(k-1)); RMSNorm(E(x̃_k))]          (eq. 1)
+    h(k)   = DecoderLayer(u(k))   (one layer, shared across depths)
+    q_k    = softmax(W_lm RMSNorm(h(k)))                            (eq. 2)
+
+h(0) is the target's last hidden state; each depth feeds the next. E and the full-vocabulary W_lm are the target's
+own (frozen, shared); with a reduced draft vocabulary W_lm is the drafter's small head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+from transformers.utils import ModelOutput
+
+from .cache_utils import last_valid, ragged_valid
+from .base import AngelSpecDrafterPreTrainedModel, DraftPredictions, DraftState, family_classes
+from .configuration_mtp import AngelSpecMTPConfig
+
+
+@dataclass
+class MTPDrafterOutput(ModelOutput):
+    """`last_hidden_state` is h(k) before the final norm (fed to the next depth); `logits` are over the draft vocab."""
+
+    last_hidden_state: torch.Tensor | None = None
+    features: torch.Tensor | None = None  # RMSNorm(h(k)), what the head reads
+    logits: torch.Tensor | None = None
+    past_key_values: DynamicCache | None = None
+
+
+def causal_mask(query_length: int, key_length: int, device: torch.device) -> torch.Tensor:
+    """Boolean [1, 1, q, kv] mask (True = attend) for `query_length` new tokens after `key_length - query_length` cached."""
+    past = key_length - query_length
+    keys = torch.arange(key_length, device=device)
+    queries = torch.arange(query_length, device=device)[:, None] + past
+    return (keys[None, :] <= queries)[None, None]
+
+
+class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
+    config_class = AngelSpecMTPConfig
+
+    def __init__(self, config: AngelSpecMTPConfig):
+        super().__init__(config)
+        layer_config = config.draft_layer_config(num_layers=1)
+        family = family_classes(config.target_model_type)
+        hidden_size, eps = config.hidden_size, layer_config.rms_norm_eps
+        self.hidden_norm = family.rms_norm(hidden_size, eps=eps)
+        self.embed_norm = family.rms_norm(hidden_size, eps=eps)
+        num_taps = len(config.target_layer_ids)
+        # EAGLE-3-style conditioning on several target layers: their concatenation projected to h(0).
+        self.target_fusion = nn.Linear(num_taps * hidden_size, hidden_size, bias=False) if num_taps > 1 else None
+        self.fusion = nn.Linear(2 * hidden_size, hidden_size, bias=False)  # W_proj of eq. 1
+        self.layer = family.decoder_layer(layer_config, layer_idx=0)
+        self.rotary_emb = family.rotary_embedding(config=layer_config)
+        self.norm = family.rms_norm(hidden_size, eps=eps)
+        self.post_init()
+
+    def default_num_draft_tokens(self) -> int:
+        return self.config.num_depths
+
+    def draft_layers(self) -> list[nn.Module]:
+        return [self.layer]
+
+    def condition(self, taps) -> torch.Tensor:
+        """h(0) from the tapped target states (each [B, T, H]): the one state itself, or several projected to one."""
+        return taps[0] if self.target_fusion is None else self.target_fusion(torch.cat(list(taps), dim=-1))
+
+    def step(
+        self,
+        hidden_states: torch.Tensor,
+        input_ids: torch.LongTensor,
+        position_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: DynamicCache | None = None,
+        use_cache: bool = False,
+    ) -> MTPDrafterOutput:
+        """One depth for a chunk of positions.
+
+        `hidden_states` [B, T, H] is h(k-1) (the target's, or the previous depth's); `input_ids` [B, T] are the
+        target-vocabulary tokens x̃_k paired with it; `attention_mask` is a boolean [B, 1, T, T_past + T] mask
+        (causal over the cache when omitted).
+        """
+        fused = self.fusion(
+            torch.cat([self.hidden_norm(hidden_states), self.embed_norm(self.embed_tokens(input_ids))], -1)
+        )
+        if past_key_values is None and use_cache:
+            past_key_values = DynamicCache()
+        if attention_mask is None:
+            past = past_key_values.get_seq_length() if past_key_values is not None else 0
+            attention_mask = causal_mask(fused.shape[1], past + fused.shape[1], fused.device)
+        position_embeddings = self.rotary_emb(fused, position_ids)
+        hidden = self.layer(
+            fused,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            position_embeddings=position_embeddings,
+        )
+        features = self.norm(hidden)
+        return MTPDrafterOutput(
+            last_hidden_state=hidden,
+            features=features,
+            logits=self.draft_logits(features),
+            past_key_values=past_key_values,
+        )
+
+    # -- training-time test (§2.2) --------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        target_hidden: torch.Tensor,
+        input_ids: torch.LongTensor,
+        position_ids: torch.LongTensor,
+        document_ids: torch.LongTensor,
+        loss_mask: torch.Tensor,
+    ) -> DraftPredictions:
+        """Training forward: the TTT rollout, keeping the predictions that are supervised.
+
+        Depth k at slot t predicts token t+k+2 against the target's distribution at position t+k+1: kept when that
+        token is a response token (`loss_mask`) of the same document. In eval mode every depth is unrolled with
+        greedy choices, so the predictions are the greedy draft chain of every slot (the offline acceptance estimate).
+        """
+        length = input_ids.shape[1]
+        logits, features, teacher_positions, draft_positions = [], [], [], []
+        for depth, output in enumerate(self.rollout(target_hidden, input_ids, position_ids, document_ids)):
+            span = length - depth - 2
+            if span <= 0:
+                break
+            valid = loss_mask[:, depth + 2 :].bool() & (document_ids[:, :span] == document_ids[:, depth + 2 :])
+            rows, slots = valid.nonzero(as_tuple=True)
+            logits.append(output.logits[rows, slots])
+            features.append(output.features[rows, slots])
+            teacher_positions.append(rows * length + slots + depth + 1)
+            draft_positions.append(torch.full_like(slots, depth + 1))
+        return DraftPredictions(
+            logits=torch.cat(logits),
+            teacher_positions=torch.cat(teacher_positions),
+            draft_positions=torch.cat(draft_positions),
+            hidden_states=torch.cat(features) if self.config.hidden_regression_weight else None,
+        )
+
+    def draft_position_weights(self) -> torch.Tensor:
+        if not self.config.training_time_test:  # only depth 0 is trained
+            return torch.tensor([1.0] + [0.0] * (self.config.num_depths - 1))
+        return torch.tensor(self.config.depth_loss_weights)
+
+    def rollout(
+        self,
+        target_hidden: torch.Tensor,
+        input_ids: torch.LongTensor,
+        position_ids: torch.LongTensor,
+        document_ids: torch.LongTensor,
+    ) -> tuple[MTPDrafterOutput, ...]:
+        """Training-time test: unroll the D depths over a (packed) sequence, as inference will run them.
+
+        Slot t pairs the target state h_t with token x_{t+1}; depth k at slot t predicts x_{t+k+2}. Depth 0 reads the
+        ground-truth token; depth k >= 1 reads the token the drafter chose at depth k-1 (`config.ttt_token_choice`)
+        and its hidden state. A depth-k query attends to depth-0 keys of earlier slots of its document (causal) and
+        to its own slot's keys at depths 1..k — exactly the cache layout of one inference round.
+        `target_hidden` is [B, N, T, H] (the states of `target_hidden_state_indices` first). Returns every
+        depth's output (draft-vocabulary logits [B, T-1, V_draft], features, states).
+        """
+        slots = input_ids.shape[1] - 1
+        tokens = input_ids[:, 1:]
+        positions = position_ids[:, 1:]
+        # A slot whose h_t and x_{t+1} come from different documents never exists at inference: hide it.
+        slot_docs = torch.where(document_ids[:, :-1] == document_ids[:, 1:], document_ids[:, 1:], -1)
+        same_doc = (slot_docs[:, :, None] == slot_docs[:, None, :]) & (slot_docs[:, :, None] >= 0)
+        causal = torch.ones(slots, slots, dtype=torch.bool, device=input_ids.device).tril()
+        eye = torch.eye(slots, dtype=torch.bool, device=input_ids.device)
+        depth0_keys = (same_doc & causal) | eye  # every query sees at least itself
+        eye = eye.expand_as(depth0_keys)
+
+        taps = [target_hidden[:, i, :-1] for i in range(len(self.config.target_layer_ids))]
+        cache, hidden, outputs = DynamicCache(), self.condition(taps), []
+        # Evaluation unrolls every depth inference drafts, also for the no-TTT ablation trained on depth 0 only.
+        depths = self.config.num_depths if self.config.training_time_test or not self.training else 1
+        for depth in range(depths):
+            mask = torch.cat([depth0_keys] + [eye] * depth, dim=-1)[:, None]
+            output = self.step(
+                hidden, tokens, positions + depth, attention_mask=mask, past_key_values=cache, use_cache=True
+            )
+            outputs.append(output)
+            hidden = output.last_hidden_state
+            tokens = self._next_depth_tokens(output.logits.detach(), input_ids, depth)
+        return tuple(outputs)
+
+    def _next_depth_tokens(self, logits: torch.Tensor, input_ids: torch.LongTensor, depth: int) -> torch.LongTensor:
+        """Token read by depth+1 at each slot: the drafter's own choice (TTT) or the ground truth x_{t+depth+2};
+        in evaluation always the greedy choice, as greedy drafting makes it."""
+        if not self.training:
+            return self.to_target_ids(logits.argmax(-1))
+        if self.config.ttt_token_choice == "ground_truth":
+            shifted = input_ids[:, depth + 2 :]
+            return torch.cat([shifted, shifted.new_zeros(shifted.shape[0], depth + 1)], dim=1)
+        if self.config.ttt_token_choice == "sample":
+            draft = torch.multinomial(logits.float().softmax(-1).flatten(0, 1), 1).view(logits.shape[:-1])
+        else:
+            draft = logits.argmax(-1)
+        return self.to_target_ids(draft)
+
+    # -- inference: one drafting round ----------------------------------------------------------------------------
+
+    def target_hidden_state_indices(self) -> list[int]:
+        """Which of the target's `hidden_states` the drafter reads: hidden_states[i + 1] is layer i's output (the
+        last one is the final-normed state)."""
+        return [i + 1 for i in self.config.target_layer_ids]
+
+    @torch.no_grad()
+    def propose(
+        self,
+        state: DraftState,
+        target_hidden: tuple[torch.Tensor, ...],
+        new_token_ids: torch.LongTensor,
+        num_tokens: int,
+        choose: Callable[[torch.Tensor], torch.LongTensor],
+        keep_drafting: Callable[[], bool] | None = None,
+        new_lengths: torch.LongTensor | None = None,
+    ) -> tuple[torch.LongTensor, torch.Tensor]:
+        """Draft `num_tokens` tokens after the verified sequence of every row.
+
+        `target_hidden` holds the target states of the newly verified positions (one tensor per index of
+        `target_hidden_state_indices`), `new_token_ids` the tokens that follow each of them (the last is the bonus
+        token); in a ragged batch only the first `new_lengths[r]` columns of row r are real. `choose` maps
+        draft-vocabulary logits [B, V_draft] to draft-vocabulary ids [B]; `keep_drafting`, when given, is asked
+        before each further depth and ends the round early when it says no.
+        Returns target-vocabulary ids [B, num_tokens] and their draft logits [B, num_tokens, V_draft].
+        """
+        cache = state.cache
+        state.begin_round()  # drops the last round's speculative depths
+        batch, count = new_token_ids.shape
+        new_valid = ragged_valid(new_lengths, batch, count, new_token_ids.device)
+        positions = cache.position_ids(count, offset=1)  # slot t holds token x_{t+1}: its position is t + 1
+        cache.append(new_valid)
+        mask = cache.attention_mask(count)
+        output = self.step(
+            self.condition(target_hidden),
+            new_token_ids,
+            positions,
+            attention_mask=mask,
+            past_key_values=cache.cache,
+            use_cache=True,
+        )
+        state.commit()
+        hidden, logits, position = (
+            last_valid(t, new_valid) for t in (output.last_hidden_state, output.logits, positions)
+        )
+        draft_ids, draft_logits = [], []
+        for depth in range(num_tokens):
+            token = self.to_target_ids(choose(logits[:, 0]))[:, None]
+            draft_ids.append(token)
+            draft_logits.append(logits[:, 0])
+            if depth + 1 < num_tokens:
+                if keep_drafting is not None and not keep_drafting():
+                    break
+                position = position + 1
+                cache.append(new_valid.new_ones(batch, 1))
+                mask = cache.attention_mask(1)
+                output = self.step(
+                    hidden, token, position, attention_mask=mask, past_key_values=cache.cache, use_cache=True
+                )
+                hidden, logits = output.last_hidden_state, output.logits
+        if not draft_ids:
+            return new_token_ids[:, :0], logits.new_zeros(batch, 0, logits.shape[-1])
+        return torch.cat(draft_ids, 1), torch.stack(draft_logits, 1)

@@ -1,0 +1,433 @@
+"""The router drafter: several member drafters behind one `assistant_model`, one chosen per request and round.
+
+No single drafter wins everywhere (AngelSpec): an MTP head for open chat, block diffusion (DFly) for code and math,
+suffix matching where the output repeats its input. Each round the router drafts every request with the member that
+promises it the most tokens per second,
+
+    score(r, m) = (1 + a_rm) / (t_m + t_v(1 + n_rm)),
+
+a_rm and n_rm being the tokens request r accepted and had verified per round when member m last drafted it
+(averaged; a member new to the request starts from its average over requests), t_m the member's drafting time
+and t_v the profiled verify cost. A member not chosen does not run: the verified tokens wait for it and it reads
+them all when next chosen (its catch-up is in its measured t_m). A request tries every member once, and again each
+`explore_tokens` verified tokens a member has not drafted it, so no estimate goes stale; the router tells the verify
+policy what its next round promises (`promised_gain`), optimistic for such a try. Which member drafts a round reads
+only earlier rounds,
+and each member's drafts keep their own draft law, so the output keeps the target's (rejection sampling).
+Written by hand: no library routes between speculative drafters.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+from transformers import GenerationConfig
+
+from .base import AngelSpecDrafterPreTrainedModel, DraftPredictions
+from .configuration_dfly import DFlyConfig
+from .modeling_dfly import DFlyDrafter
+from .configuration_mtp import AngelSpecMTPConfig
+from .modeling_mtp import AngelSpecMTPDrafter
+from .configuration_suffix import SuffixDrafterConfig
+from .modeling_suffix import SuffixDrafter
+from .configuration_router import RouterDrafterConfig
+
+
+# The drafter families a router can hold, by model type: config class, model class.
+MEMBER_CLASSES = {
+    config.model_type: (config, model)
+    for config, model in (
+        (AngelSpecMTPConfig, AngelSpecMTPDrafter),
+        (DFlyConfig, DFlyDrafter),
+        (SuffixDrafterConfig, SuffixDrafter),
+    )
+}
+MEMBERS_FOLDER = "members"  # in a saved router, one drafter folder per member: members/<name>/
+PRIOR_ACCEPTED = 1.0  # tokens per round a member is credited with before its first round is averaged in
+UNTRIED_GAIN = 0.5  # the saving promised for a round that tries a member never tried before
+AVERAGE = 0.3  # weight of the newest round in the router's running averages
+
+
+def _average(old: float | None, new: float, first: float | None = None) -> float:
+    """Running average; the first observation is averaged with `first` (a prior) when one is given."""
+    if old is None:
+        old = first
+    return new if old is None else (1 - AVERAGE) * old + AVERAGE * new
+
+
+@dataclass
+class MemberRow:
+    """What the router keeps for one request and one member: the verified tokens (and their target states) the
+    member has not read yet, and how it did on this request."""
+
+    tokens: list[int] = field(default_factory=list)
+    hidden: list[tuple[torch.Tensor, ...]] = field(default_factory=list)  # per verify round, per member tap
+    accepted: float | None = None  # a_rm
+    verified: float | None = None  # n_rm
+    since: int = 0  # this request's verified tokens since the member last drafted it (read at propose time)
+
+
+@dataclass
+class RouterRow:
+    members: list[MemberRow]
+    last_member: int | None = None  # the member that drafted this request's last drafting round
+    last_bucket: int | None = None  # that member's outlook bucket then (None: it has no outlook)
+
+
+class RouterDraftState:
+    """The router's per-generation state: each member's own draft state over every request, and per request what
+    each member has still to read and how it did."""
+
+    def __init__(self, member_states: list, batch_size: int):
+        self.members = member_states
+        self.rows = [RouterRow([MemberRow() for _ in member_states]) for _ in range(batch_size)]
+
+    def select_rows(self, rows: torch.LongTensor) -> None:
+        for state in self.members:
+            state.select_rows(rows)
+        self.rows = [self.rows[r] for r in rows.tolist()]
+
+    def add_rows(self, count: int) -> None:
+        for state in self.members:
+            state.add_rows(count)
+        self.rows += [RouterRow([MemberRow() for _ in self.members]) for _ in range(count)]
+
+    def compact(self) -> None:
+        for state in self.members:
+            state.compact()
+
+    def nbytes(self) -> int:
+        return sum(state.nbytes() for state in self.members)
+
+
+class RouterDrafter(AngelSpecDrafterPreTrainedModel):
+    """Member drafters of one target behind one `assistant_model`, routed per request and round (module docstring).
+
+    Build one with `RouterDrafter.from_members([mtp, dfly, suffix])`; it saves and loads as one folder, its config
+    naming its members. Drafts are in the target's vocabulary (each member's mapped through its own draft vocabulary).
+    """
+
+    config_class = RouterDrafterConfig
+    prices_its_drafting = True
+
+    def __init__(self, config: RouterDrafterConfig, members: list[AngelSpecDrafterPreTrainedModel] | None = None):
+        super().__init__(config)
+        self.post_init()  # before the members join: initialising weights must never touch trained members
+        if members is None:
+            members = []
+            for member_config in config.members:
+                if member_config["model_type"] not in MEMBER_CLASSES:
+                    raise ValueError(
+                        f"Unknown member model_type {member_config['model_type']!r}; a router holds "
+                        f"{', '.join(sorted(MEMBER_CLASSES))}"
+                    )
+                config_class, model_class = MEMBER_CLASSES[member_config["model_type"]]
+                members.append(model_class(config_class.from_dict(member_config)))
+        if not members:
+            raise ValueError("A router needs at least one member drafter")
+        self.members = nn.ModuleList(members)
+        self.member_names = config.member_names or [member.config.drafter_kind for member in members]
+        indices = sorted({i for member in members for i in member.target_hidden_state_indices()})
+        self.hidden_indices = indices
+        self.member_taps = [[indices.index(i) for i in member.target_hidden_state_indices()] for member in members]
+        self.generation_config.num_assistant_tokens = self.default_num_draft_tokens()
+        self.member_seconds: list[float | None] = [None] * len(members)  # t_m
+        self.member_accepted: list[float | None] = [None] * len(members)  # a_m over requests
+        self.member_verified: list[float | None] = [None] * len(members)
+        # For members with an outlook: (accepted, verified) per round, by outlook bucket.
+        self.bucket_record: list[dict[int, tuple[float, float]]] = [{} for _ in members]
+
+    @classmethod
+    def from_members(cls, members: list[AngelSpecDrafterPreTrainedModel], names: list[str] | None = None):
+        """A router over these drafters (their weights shared, not copied), all for the same target."""
+        first = members[0].config
+        for member in members[1:]:
+            if member.config.vocab_size != first.vocab_size:
+                raise ValueError(
+                    f"Members draft for different vocabularies ({first.vocab_size} and {member.config.vocab_size})"
+                )
+        config = RouterDrafterConfig(
+            members=[member.config.to_dict() for member in members],
+            member_names=names,
+            target_config=dict(first.target_config),
+            target_name_or_path=first.target_name_or_path,
+            target_tokenizer_fingerprint=first.target_tokenizer_fingerprint,
+            target_embedding_probe=first.target_embedding_probe,
+        )
+        return cls(config, members=list(members))
+
+    # -- the drafter contract ---------------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self.members[0].device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.members[0].dtype
+
+    def default_num_draft_tokens(self) -> int:
+        """`num_draft_tokens`, else the most any member drafts by default (1 while the members are being built)."""
+        if self.config.num_draft_tokens is not None:
+            return self.config.num_draft_tokens
+        members = self._modules.get("members") or []
+        return max((int(member.generation_config.num_assistant_tokens) for member in members), default=1)
+
+    def max_num_draft_tokens(self) -> int | None:
+        most = [member.max_num_draft_tokens() for member in self.members]
+        return None if None in most else max(most)
+
+    def target_hidden_state_indices(self) -> list[int]:
+        return list(self.hidden_indices)
+
+    def draft_layers(self) -> list:
+        return [layer for member in self.members for layer in member.draft_layers()]
+
+    def forward(self, *args, **kwargs) -> DraftPredictions:
+        raise NotImplementedError("Train the members one by one; the router only chooses between them.")
+
+    def check_target(self, target, tokenizer=None) -> None:
+        for name, member in zip(self.member_names, self.members):
+            try:
+                member.check_target(target, tokenizer)
+            except ValueError as error:
+                raise ValueError(f"Router member {name!r}: {error}") from error
+
+    def bind_target(self, target, tokenizer=None) -> "RouterDrafter":
+        self.check_target(target, tokenizer)
+        for member in self.members:
+            member.bind_target(target, tokenizer)
+        self._target_embed_tokens = target.get_input_embeddings()
+        self._target_lm_head = target.get_output_embeddings()
+        return self
+
+    def remote_code_modules(self) -> list:
+        import importlib
+
+        modules = super().remote_code_modules()
+        for config_class, model_class in MEMBER_CLASSES.values():
+            modules += [
+                importlib.import_module(model_class.__module__),
+                importlib.import_module(config_class.__module__),
+            ]
+        return modules
+
+    def write_checkpoint(self, directory: str, *args, **kwargs) -> None:
+        """The router's config and generation config, each member as a drafter folder of its own under
+        `members/<name>/` (weights, config, remote code: it loads alone too), and the router's remote code."""
+        for name, member in zip(self.member_names, self.members):
+            member.write_checkpoint(os.path.join(directory, MEMBERS_FOLDER, name), *args, **kwargs)
+        self.config.members = [member.config.to_dict() for member in self.members]
+        self.config.member_names = list(self.member_names)
+        self.config.save_pretrained(directory)
+        self.generation_config.save_pretrained(directory)
+        self._write_remote_code(directory)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """The router's config, then each member from `members/<name>/` (a local folder or a Hub repository's
+        subfolder), refused with the member's own error if its checkpoint is not what its config says."""
+        path = str(pretrained_model_name_or_path)
+        config = kwargs.pop("config", None) or cls.config_class.from_pretrained(path)
+        options = {key: kwargs[key] for key in ("dtype", "torch_dtype", "device_map") if key in kwargs}
+        if not config.member_names or len(config.member_names) != len(config.members):
+            raise ValueError(f"Router checkpoint {path!r} does not name its members (member_names in config.json)")
+        members = []
+        for name, member_config in zip(config.member_names, config.members):
+            config_class, model_class = MEMBER_CLASSES[member_config["model_type"]]
+            if os.path.isdir(path):
+                members.append(model_class.from_pretrained(os.path.join(path, MEMBERS_FOLDER, name), **options))
+            else:
+                members.append(model_class.from_pretrained(path, subfolder=f"{MEMBERS_FOLDER}/{name}", **options))
+        router = cls(config, members=members)
+        try:
+            router.generation_config = GenerationConfig.from_pretrained(path)
+        except OSError:
+            pass
+        return router.eval()
+
+    def record_output(self, output_ids: list[int]) -> None:
+        for member in self.members:
+            member.record_output(output_ids)
+
+    def new_draft_state(self, batch_size: int = 1) -> RouterDraftState:
+        return RouterDraftState([member.new_draft_state(batch_size) for member in self.members], batch_size)
+
+    # -- routing ----------------------------------------------------------------------------------------------------
+
+    def outlooks(self, state: RouterDraftState, r: int, pending: list[int] = ()) -> list[int | None]:
+        """Each member's `outlook` on request r now (the suffix member's current match length), bucketed by
+        powers of two; None for a member without one. `pending`: tokens verified since the router last drafted."""
+        looks = []
+        for m, member in enumerate(self.members):
+            own = state.rows[r].members[m]
+            look = member.outlook(state.members[m], r, own.tokens + list(pending))
+            looks.append(None if look is None else int(look).bit_length())
+        return looks
+
+    def score(self, row: RouterRow, m: int, bucket: int | None = None) -> float:
+        """Expected tokens per second of a round drafted by member m for this request (module docstring); for a
+        member with an outlook, a_m and n_m are its record at this outlook's bucket."""
+        own = row.members[m]
+        if bucket is not None:
+            accepted, verified = self.bucket_record[m].get(bucket, (PRIOR_ACCEPTED, PRIOR_ACCEPTED))
+        else:
+            accepted = own.accepted if own.accepted is not None else self.member_accepted[m]
+            verified = own.verified if own.verified is not None else self.member_verified[m]
+        width = 1 + (verified or 0.0)
+        verify = self.verify_cost_model(1, width) if self.verify_cost_model is not None else width
+        return (1 + (accepted or 0.0)) / ((self.member_seconds[m] or 0.0) + verify)
+
+    def needs_try(self, row: RouterRow, m: int, pending: int = 0) -> bool:
+        """Whether member m (one without an outlook) is due a try on this request: never tried on it, or not for
+        `explore_tokens` tokens (`pending` of them verified since the router last drafted)."""
+        own = row.members[m]
+        return own.accepted is None or own.since + pending >= self.config.explore_tokens
+
+    def choice(self, state: RouterDraftState, r: int, pending: list[int] = ()) -> tuple[int, int | None, bool]:
+        """Request r's member for this round, its outlook bucket, and whether it is a try: a member without an
+        outlook due a try (the cheapest first), else the best score."""
+        row, looks = state.rows[r], self.outlooks(state, r, pending)
+        due = [m for m, look in enumerate(looks) if look is None and self.needs_try(row, m, len(pending))]
+        if due:
+            m = min(due, key=lambda m: self.member_seconds[m] or 0.0)
+            return m, None, True
+        m = max(range(len(self.members)), key=lambda m: self.score(row, m, looks[m]))
+        return m, looks[m], False
+
+    def promised_gain(self, state: RouterDraftState, pending: list[list[int]] | None = None) -> float | None:
+        """Mean over requests of g = 1 − r_0 / score(r, m_r), r_0 = 1 / t_v(1) the rate without drafts and m_r the
+        request's choice: what drafting each request with it saves; UNTRIED_GAIN for a request due a try (so the
+        round drafts and the member is tried). `pending[r]`: tokens request r verified since the router last
+        drafted. None without a profile."""
+        if self.verify_cost_model is None or not state.rows:
+            return None
+        plain = 1 / self.verify_cost_model(1, 1)
+        pending = pending or [[] for _ in state.rows]
+        gains = []
+        for r, row in enumerate(state.rows):
+            m, bucket, trying = self.choice(state, r, pending[r])
+            gains.append(UNTRIED_GAIN if trying else 1 - plain / self.score(row, m, bucket))
+        return sum(gains) / len(gains)
+
+    def record_acceptance(self, state: RouterDraftState, drafted: list[int], accepted: list[int]) -> None:
+        """Average what the target accepted of each request's round into its drafting member's estimates."""
+        for row, verified, count in zip(state.rows, drafted, accepted):
+            m = row.last_member
+            if m is None:
+                continue
+            if row.last_bucket is not None:
+                old = self.bucket_record[m].get(row.last_bucket, (None, None))
+                self.bucket_record[m][row.last_bucket] = (
+                    _average(old[0], count, PRIOR_ACCEPTED),
+                    _average(old[1], verified, PRIOR_ACCEPTED),
+                )
+            own = row.members[m]
+            # a request's first round with a member starts from the member's record; the member's, from PRIOR
+            own.accepted = _average(own.accepted, count, self.member_accepted[m])
+            own.verified = _average(own.verified, verified, self.member_verified[m])
+            self.member_accepted[m] = _average(self.member_accepted[m], count, PRIOR_ACCEPTED)
+            self.member_verified[m] = _average(self.member_verified[m], verified, PRIOR_ACCEPTED)
+
+    # -- drafting ---------------------------------------------------------------------------------------------------
+
+    def propose(
+        self,
+        state: RouterDraftState,
+        target_hidden: tuple[torch.Tensor, ...],
+        new_token_ids: torch.LongTensor,
+        num_tokens: int,
+        choose: Callable[[torch.Tensor], torch.LongTensor],
+        keep_drafting: Callable[[], bool] | None = None,
+        new_lengths: torch.LongTensor | None = None,
+    ) -> tuple[torch.LongTensor, torch.Tensor]:
+        """Queue the verified tokens for every member, pick each request's member, and let each picked member draft
+        its requests (apart from the others when the batch splits: `choose.rows(...)`, the members' states split
+        and merged back). Returns target-vocabulary ids [B, K] and draft logits [B, K, V] over the target
+        vocabulary (−inf outside a member's draft vocabulary; positions a member did not draft are never verified).
+        Greedy acceptance reads only the ids, so when no request samples the logits are empty, [B, K, 0]."""
+        batch, count = new_token_ids.shape
+        lengths = new_lengths.tolist() if new_lengths is not None else [count] * batch
+        for r, (row, tokens) in enumerate(zip(state.rows, new_token_ids.tolist())):
+            for member_row, taps in zip(row.members, self.member_taps):
+                member_row.tokens.extend(tokens[: lengths[r]])
+                member_row.hidden.append(tuple(target_hidden[j][r, : lengths[r]] for j in taps))
+        choices = [self.choice(state, r) for r in range(batch)]
+        chosen = [m for m, _, _ in choices]
+        for row, (_, bucket, _) in zip(state.rows, choices):
+            row.last_bucket = bucket
+        sampled = bool(getattr(choose, "sampled", torch.ones(1, dtype=torch.bool)).any())
+        drafted = []
+        for m in sorted(set(chosen)):
+            rows = [r for r in range(batch) if chosen[r] == m]
+            drafted.append((rows, *self._draft_with(m, state, rows, num_tokens, choose, keep_drafting, sampled)))
+        for m, member in enumerate(self.members):  # a member that reads for free keeps its outlook current
+            rows = [r for r in range(batch) if chosen[r] != m]
+            if member.reads_for_free and rows:
+                self._draft_with(m, state, rows, 0, choose, keep_drafting, sampled)
+        for row, m, length in zip(state.rows, chosen, lengths):
+            row.last_member = m
+            for other, own in enumerate(row.members):
+                own.since = 0 if other == m else own.since + length
+        steps = max(ids.shape[1] for _, ids, _ in drafted)
+        draft_ids = new_token_ids.new_zeros(batch, steps)
+        draft_logits = torch.zeros(batch, steps, self.config.vocab_size if sampled else 0, device=new_token_ids.device)
+        for rows, ids, logits in drafted:
+            where = torch.tensor(rows, device=new_token_ids.device)
+            draft_ids[where, : ids.shape[1]] = ids
+            if sampled:
+                draft_logits[where, : ids.shape[1]] = logits.to(draft_logits.dtype)
+        return draft_ids, draft_logits
+
+    def _draft_with(
+        self, m: int, state: RouterDraftState, rows: list[int], num_tokens, choose, keep_drafting, sampled
+    ):
+        """Member m drafts `rows`, reading everything they verified since it last drafted them."""
+        member, member_state = self.members[m], state.members[m]
+        whole = len(rows) == len(state.rows)
+        part = member_state if whole else member_state.split(rows)
+        pending = [state.rows[r].members[m] for r in rows]
+        width = max(len(own.tokens) for own in pending)
+        device = self.device
+        tokens = torch.tensor([own.tokens + [0] * (width - len(own.tokens)) for own in pending], device=device)
+        lengths = torch.tensor([len(own.tokens) for own in pending], device=device)
+        hidden = tuple(
+            torch.stack(
+                [
+                    nn.functional.pad(
+                        torch.cat([chunk[t] for chunk in own.hidden]), (0, 0, 0, width - len(own.tokens))
+                    )
+                    for own in pending
+                ]
+            )
+            for t in range(len(self.member_taps[m]))
+        )
+        for own in pending:
+            own.tokens, own.hidden = [], []
+        if not whole and not hasattr(choose, "rows"):
+            raise TypeError("A router drafting requests apart needs a DraftRound as `choose` (draft_round passes one)")
+        picker = choose if whole else choose.rows(rows)
+        most = [num_tokens, int(member.generation_config.num_assistant_tokens), member.max_num_draft_tokens()]
+        start = time.perf_counter()
+        ids, logits = member.propose(
+            part,
+            hidden,
+            tokens,
+            min(value for value in most if value is not None),  # each member at most its own tokens per round
+            picker,
+            keep_drafting=keep_drafting if whole else picker.keep_drafting,
+            new_lengths=lengths,
+        )
+        if width <= num_tokens + 1:  # a usual round's drafting time, not a catch-up on a backlog
+            self.member_seconds[m] = _average(self.member_seconds[m], time.perf_counter() - start)
+        if not whole:
+            moved = set(rows)
+            rest = [r for r in range(len(state.rows)) if r not in moved]
+            position = {row: index for index, row in enumerate(rest + rows)}
+            member_state.merge(part, [position[r] for r in range(len(state.rows))])
+        return ids, (member.to_target_logits(logits.float()) if sampled else None)

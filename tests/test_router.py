@@ -1,0 +1,175 @@
+"""The router drafter: lossless on every path with members chosen per request (the members' states split and
+merged back), routing by what each member's drafts earned on each request, one folder that saves and loads. Its
+sampled law is tested in test_lossless.py."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ARCHITECTURES, make_target
+from transformers import AutoModel
+
+from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, RouterDrafter, SuffixDrafter
+from angelspec_hf.generation.dcut import VerifyCostModel
+from angelspec_hf.generation.engine import Request, SpeculativeEngine
+
+
+def make_router(target, **suffix_options):
+    torch.manual_seed(0)
+    members = [
+        AngelSpecMTPDrafter.from_target(target, num_depths=3),
+        DFlyDrafter.from_target(target, block_size=6, num_draft_layers=2, mask_token_id=5, num_target_layers_tapped=2),
+        SuffixDrafter.from_target(target, **suffix_options),
+    ]
+    return RouterDrafter.from_members(members)
+
+
+def repeating_prompt(target, seed=3):
+    generator = torch.Generator().manual_seed(seed)
+    start = torch.randint(0, target.config.vocab_size - 1, (1, 6), generator=generator)
+    text = target.generate(start, max_new_tokens=30, do_sample=False)
+    return torch.cat([text, text[:, :10]], 1)
+
+
+def rotate_members(monkeypatch):
+    """Each request's member changes every round and differs between neighbouring requests: every round splits the
+    batch, so the members' states are split and merged back each time."""
+    rounds = {"count": 0}
+    original = RouterDrafter.propose
+
+    def propose(self, state, *args, **kwargs):
+        rounds["count"] += 1
+        for r, row in enumerate(state.rows):
+            row.forced = (r + rounds["count"]) % len(self.members)
+        return original(self, state, *args, **kwargs)
+
+    monkeypatch.setattr(RouterDrafter, "propose", propose)
+    monkeypatch.setattr(
+        RouterDrafter, "choice", lambda self, state, r, pending=(): (getattr(state.rows[r], "forced", 0), None, False)
+    )
+    return rounds
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_greedy_output_is_the_targets_under_every_schedule(model_type):
+    target = make_target(model_type, num_hidden_layers=4, seed=3)
+    router = make_router(target)
+    assert router.target_hidden_state_indices() == sorted(
+        {i for member in router.members for i in member.target_hidden_state_indices()}
+    )
+    for schedule in ("constant", "heuristic", "dcut"):
+        router.generation_config.num_assistant_tokens_schedule = schedule
+        for prompt in (torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]]), repeating_prompt(target)):
+            expected = target.generate(prompt, max_new_tokens=24, do_sample=False)
+            output = target.generate(prompt, max_new_tokens=24, do_sample=False, assistant_model=router)
+            assert torch.equal(output, expected), (model_type, schedule)
+    assert None not in router.member_accepted  # every member was tried
+
+
+@pytest.mark.parametrize("policy", ["constant-4", "heuristic", "dcut"])
+def test_requests_drafted_by_different_members_decode_as_each_alone(policy, monkeypatch, dcut_always_drafts):
+    target = make_target("llama", num_hidden_layers=4, seed=5)
+    router = make_router(target, shared_index_max_tokens=0)
+    prompts = [repeating_prompt(target, 1)[0].tolist(), [5, 6, 7], [9], repeating_prompt(target, 2)[0].tolist(), [44]]
+    solo = [
+        target.generate(torch.tensor([p]), max_new_tokens=18, do_sample=False)[0, len(p) :].tolist() for p in prompts
+    ]
+    rounds = rotate_members(monkeypatch)
+    engine = SpeculativeEngine(target, router, policy=policy, max_batch_size=3)
+    outputs = engine.generate([Request(p, max_new_tokens=18, eos_token_id=[]) for p in prompts])
+    assert [o.output_ids for o in outputs] == solo and rounds["count"] > 5
+    assert sum(sum(o.stats.accepted) for o in outputs) > 0
+
+
+def test_each_request_is_drafted_by_the_member_that_earns_most_on_it():
+    """Under a profile where verifying costs little, a request whose output repeats its prompt ends up with the
+    suffix member; one whose output is new, with a member that drafts it right (an MTP head told the answer)."""
+    target = make_target("llama", num_hidden_layers=4, seed=5)
+    router = make_router(target, shared_index_max_tokens=0)
+    router.verify_cost_model = VerifyCostModel(rows=[1], tokens=[1, 16], seconds=[[1.0, 1.2]], context=0)
+    router.config.explore_tokens = 1000
+    repeating = repeating_prompt(target, 1)
+    counts = {}
+    original = SuffixDrafter.propose
+
+    def counting(self, state, *args, **kwargs):
+        counts["suffix"] = counts.get("suffix", 0) + 1
+        return original(self, state, *args, **kwargs)
+
+    SuffixDrafter.propose = counting
+    try:
+        router.generation_config.num_assistant_tokens_schedule = "constant"
+        target.generate(repeating, max_new_tokens=40, do_sample=False, assistant_model=router)
+    finally:
+        SuffixDrafter.propose = original
+    rounds = len(router.speculation_stats.drafted)
+    assert counts["suffix"] >= rounds - 4  # after one try of each member, the suffix member drafts on
+    assert router.member_accepted[2] > max(router.member_accepted[:2])
+
+
+def test_promised_gain_is_optimistic_for_a_try_and_prices_the_best_member_otherwise():
+    target = make_target("llama", num_hidden_layers=2)
+    router = make_router(target)
+    state = router.new_draft_state(2)
+    router.verify_cost_model = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 1.3]], context=0)
+    assert router.promised_gain(state) > 0  # fresh requests: their members are due a try
+    router.member_seconds = [0.05, 0.1, 0.01]
+    for row in state.rows:  # both requests have tried MTP and DFly; the suffix member judges by its outlook
+        for own, accepted in zip(row.members[:2], (0.1, 0.2)):
+            own.accepted, own.verified = accepted, 2.0
+    router.bucket_record[2][0] = (0.0, 0.0)  # no match: nothing accepted
+    # DFly: (1 + 0.2) / (0.1 + t_v(3) = 1.2) tokens per second, MTP less; the suffix member without a match drafts
+    # nothing for its 0.01 s, 1 / 1.01: the best, and still below the 1 token per second of not drafting
+    assert router.score(state.rows[0], 1) == pytest.approx(1.2 / 1.3)
+    assert router.score(state.rows[0], 0) < router.score(state.rows[0], 1)
+    assert router.choice(state, 0)[:2] == (2, 0)
+    assert router.promised_gain(state) == pytest.approx(1 - 1.01)
+    for index in state.members[2].rows:  # now each request's text repeats: the suffix member sees a match
+        index.extend([1, 2, 3, 4, 5, 1, 2, 3])
+    router.bucket_record[2][int(3).bit_length()] = (3.0, 3.0)
+    assert router.choice(state, 0)[:2] == (2, 2)
+    assert router.promised_gain(state) == pytest.approx(1 - 1 / (4.0 / (0.01 + 1.3)))
+    for row in state.rows:  # a member not tried for explore_tokens tokens is due again
+        row.members[0].since = router.config.explore_tokens
+    assert router.choice(state, 0) == (0, None, True) and router.promised_gain(state) > 0
+
+
+def test_save_and_load_keep_every_member_and_load_with_remote_code(tmp_path):
+    target = make_target("llama", num_hidden_layers=4)
+    router = make_router(target)
+    router.members[2].record_output([1, 2, 3, 4, 5])
+    router.generation_config.update(num_assistant_tokens=4, num_assistant_tokens_schedule="heuristic")
+    router.save_pretrained(tmp_path)
+    loaded = AutoModel.from_pretrained(tmp_path)
+    assert type(loaded) is RouterDrafter and loaded.member_names == ["mtp", "dfly", "suffix"]
+    assert [type(m) for m in loaded.members] == [AngelSpecMTPDrafter, DFlyDrafter, SuffixDrafter]
+    for (name, ours), (_, theirs) in zip(router.state_dict().items(), loaded.state_dict().items()):
+        torch.testing.assert_close(ours.float(), theirs.float(), msg=name)
+    assert loaded.members[2].shared_index.tokens == [1, 2, 3, 4, 5]
+    assert loaded.generation_config.num_assistant_tokens_schedule == "heuristic"
+    prompt = torch.tensor([[3, 5, 7, 9]])
+    expected = target.generate(prompt, max_new_tokens=12, do_sample=False)
+    assert torch.equal(target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=loaded), expected)
+    code = (
+        "import sys; sys.modules['angelspec_hf'] = None\n"
+        "from transformers import AutoModel\n"
+        f"model = AutoModel.from_pretrained({str(tmp_path)!r}, trust_remote_code=True)\n"
+        "print(type(model).__name__, [type(m).__name__ for m in model.members])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "RouterDrafter ['AngelSpecMTPDrafter', 'DFlyDrafter', 'SuffixDrafter']" in result.stdout
+
+
+def test_members_of_another_target_or_vocabulary_are_refused():
+    target = make_target("llama", num_hidden_layers=2)
+    other = make_target("llama", num_hidden_layers=2, vocab_size=64)
+    with pytest.raises(ValueError, match="different vocabularies"):
+        RouterDrafter.from_members([SuffixDrafter.from_target(target), SuffixDrafter.from_target(other)])
+    router = make_router(target)
+    with pytest.raises(ValueError, match="Router member 'mtp'.*hidden_size"):
+        router.bind_target(make_target("llama", num_hidden_layers=2, hidden_size=32, head_dim=8))
