@@ -6,8 +6,9 @@ import math
 
 import torch
 from conftest import make_target
+from transformers import AutoModel
 
-from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, SuffixDrafter
+from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, RouterDrafter, SuffixDrafter
 from angelspec_hf.benchmark import suite
 from angelspec_hf.cli import main as cli_main
 
@@ -73,6 +74,9 @@ def test_quick_suite_runs_every_method_and_reports_a_failing_one(smollm2_tokeniz
         cards / suite.DRAFTER_CARDS["mtp-no-ttt"]
     )
     SuffixDrafter.from_target(target, smollm2_tokenizer).save_pretrained(cards / suite.DRAFTER_CARDS["suffix"])
+    RouterDrafter.from_members(
+        [AutoModel.from_pretrained(cards / suite.DRAFTER_CARDS[kind]) for kind in ("mtp", "dfly", "suffix")]
+    ).save_pretrained(cards / suite.DRAFTER_CARDS["router"])
     (cards / suite.DRAFTER_CARDS["mtp"] / "README.md").write_text(
         "# MTP\n\nIntro.\n\n"
         + suite.CARD_SECTION_START
@@ -90,7 +94,7 @@ def test_quick_suite_runs_every_method_and_reports_a_failing_one(smollm2_tokeniz
             6,
             (1, 2),
             4,
-            {"mtp": ("constant-1", "dcut"), "dfly": ("constant-2", "dcut"), "suffix": ("dcut",)},
+            {"mtp": ("constant-1", "dcut"), "dfly": ("constant-2", "dcut"), "suffix": ("dcut",), "router": ("dcut",)},
             2,
             engine_requests=8,
             engine_repeats=2,
@@ -125,6 +129,7 @@ def test_quick_suite_runs_every_method_and_reports_a_failing_one(smollm2_tokeniz
         "transformers-dflash:smollm2-135m-instruct-dflash",
         "dfly:smollm2-135m-instruct-dfly[dcut]",
         "suffix:smollm2-135m-instruct-suffix[dcut]",
+        "router:smollm2-135m-instruct-router[dcut]",
     }
     for domain, result in report["domains"].items():
         assert {m["name"] for m in result["methods"]} == expected, domain
@@ -146,6 +151,7 @@ def test_quick_suite_runs_every_method_and_reports_a_failing_one(smollm2_tokeniz
         "dfly[constant-2]",
         "dfly[dcut]",
         "suffix[dcut]",
+        "router[dcut]",
     ]
     assert report["engine"]["repeats"] == 2 and all(
         len(run["repeat_tokens_per_s"]) == 2 and run["identical_fraction"] == 1.0
