@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from ..cache_utils import RaggedCache
+from ..cache_utils import RaggedCache, pad_pending
 from ..metrics import SpeculationStats
 from .dcut import DraftRound
 from .policies import RowState, VerifyPolicy, draft_round, resolve_policy
@@ -391,21 +391,11 @@ class SpeculativeEngine:
         if count == 0:
             self.stats.skipped_drafts += budget > 0
             return no_drafts
-        lengths = torch.tensor([len(row.pending_tokens) for row in self.rows], device=self.device)
-        tokens = torch.tensor(
-            [row.pending_tokens + [0] * (width - len(row.pending_tokens)) for row in self.rows], device=self.device
-        )
-        hidden = tuple(
-            torch.stack(
-                [
-                    torch.nn.functional.pad(
-                        torch.cat([chunk[i] for chunk in row.pending_hidden]),
-                        (0, 0, 0, width - len(row.pending_tokens)),
-                    )
-                    for row in self.rows
-                ]
-            )
-            for i in range(len(self.hidden_indices))
+        tokens, lengths, hidden = pad_pending(
+            [row.pending_tokens for row in self.rows],
+            [row.pending_hidden for row in self.rows],
+            len(self.hidden_indices),
+            self.device,
         )
         draft_ids, logits, drafting = draft_round(
             self.drafter,

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from transformers import GenerationConfig
 
+from ...cache_utils import pad_pending
 from ..base import AngelSpecDrafterPreTrainedModel, DraftPredictions
 from ..dfly.configuration_dfly import DFlyConfig
 from ..dfly.modeling_dfly import DFlyDrafter
@@ -393,19 +394,8 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         part = member_state if whole else member_state.split(rows)
         pending = [state.rows[r].members[m] for r in rows]
         width = max(len(own.tokens) for own in pending)
-        device = self.device
-        tokens = torch.tensor([own.tokens + [0] * (width - len(own.tokens)) for own in pending], device=device)
-        lengths = torch.tensor([len(own.tokens) for own in pending], device=device)
-        hidden = tuple(
-            torch.stack(
-                [
-                    nn.functional.pad(
-                        torch.cat([chunk[t] for chunk in own.hidden]), (0, 0, 0, width - len(own.tokens))
-                    )
-                    for own in pending
-                ]
-            )
-            for t in range(len(self.member_taps[m]))
+        tokens, lengths, hidden = pad_pending(
+            [own.tokens for own in pending], [own.hidden for own in pending], len(self.member_taps[m]), self.device
         )
         for own in pending:
             own.tokens, own.hidden = [], []

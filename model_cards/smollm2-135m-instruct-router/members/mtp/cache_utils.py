@@ -23,6 +23,26 @@ def ragged_valid(lengths: torch.LongTensor | None, batch_size: int, count: int, 
     return torch.arange(count, device=device)[None, :] < lengths.to(device)[:, None]
 
 
+def pad_pending(
+    tokens: list[list[int]], hidden: list[list[tuple[torch.Tensor, ...]]], num_taps: int, device
+) -> tuple[torch.LongTensor, torch.LongTensor, tuple[torch.Tensor, ...]]:
+    """Rows' verified tokens not yet read by a drafter, and their target states (per row, one chunk per verify round,
+    one tensor per tap), as a right-padded batch: token ids [B, W], lengths [B], and one [B, W, H] tensor per tap."""
+    width = max(len(row) for row in tokens)
+    lengths = torch.tensor([len(row) for row in tokens], device=device)
+    ids = torch.tensor([row + [0] * (width - len(row)) for row in tokens], device=device)
+    states = tuple(
+        torch.stack(
+            [
+                torch.nn.functional.pad(torch.cat([chunk[t] for chunk in chunks]), (0, 0, 0, width - len(row)))
+                for row, chunks in zip(tokens, hidden)
+            ]
+        )
+        for t in range(num_taps)
+    )
+    return ids, lengths, states
+
+
 def last_valid(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """[B, 1, ...]: each row's entry at its last real column of a right-padded chunk."""
     index = valid.long().sum(1).sub(1).clamp(min=0).view(-1, 1, *([1] * (values.dim() - 2)))
