@@ -205,6 +205,10 @@ def test_engine_bench_reports_every_policy_at_every_concurrency(smollm2_tokenize
             assert run["peak_rows"] == level["concurrency"] and run["generated_tokens"] > 0
             repeats = run["repeat_tokens_per_s"]  # the runs took turns; the median of both repeats counts
             assert len(repeats) == 2 and run["tokens_per_s"] == pytest.approx(sum(repeats) / 2)
+            ar_repeats = level["runs"][0]["repeat_tokens_per_s"]  # speedup: paired with AR's run of each repeat
+            paired = [tokens / ar for tokens, ar in zip(repeats, ar_repeats)]
+            assert run["repeat_speedups"] == pytest.approx(paired)
+            assert run["speedup"] == pytest.approx(sum(paired) / 2)
         assert level["runs"][0]["speedup"] == 1.0
     assert set(report["summary"]) == {"mtp", "dfly"} and "4" in report["summary"]["mtp"]["dcut_vs_best_constant"]
     assert report["verify_cost"]["rows"] == [1, 2, 4]

@@ -5,7 +5,8 @@ run through batched AR and through every drafter with every verify policy (const
 continuous refill. Reported per run: output tokens/s (prefill included: it is part of serving), speedup over batched
 AR at that concurrency, decode tokens/s (prefill excluded), τ, acceptance by depth, identical fraction against
 batched AR, time split, peak KV-cache bytes and peak resident memory (sampled every round). With `--repeats N` the
-methods take turns N times and tokens/s is each one's median.
+methods take turns N times; tokens/s is each one's median and the speedup the median of its per-repeat ratios to
+batched AR.
 """
 
 from __future__ import annotations
@@ -63,8 +64,10 @@ def run_engine_benchmark(
     repeats: int = 1,
 ) -> dict:
     """Batched AR and every (drafter, policy) at every concurrency, on the same requests. With `repeats` > 1 the
-    runs of a concurrency take turns, so a drift in the machine's speed touches every method alike, and each method
-    reports its median tokens/s; its other metrics are those of its median-speed repeat."""
+    runs of a concurrency take turns (each repeat starting one method later), so a drift in the machine's speed touches
+    every method alike; each method reports its median tokens/s, its speedup as the median over repeats of its tokens/s
+    over batched AR's in the same repeat (paired, so that a slow stretch of the machine cancels), and its other metrics
+    from its median-speed repeat."""
     encoded = [encode_chat(tokenizer, prompt) for prompt in prompts]
     needed = max(max(concurrencies), min_requests)
     if len(encoded) < needed:
@@ -88,8 +91,9 @@ def run_engine_benchmark(
             for i, ids in enumerate(encoded[: max(concurrency, min_requests)])
         ]
         timed: dict[str, list] = {name: [] for name, _, _ in methods}
-        for _ in range(repeats):
-            for name, drafter, policy in methods:
+        for repeat in range(repeats):
+            turn = repeat % len(methods)  # each repeat starts with the next method, so none always runs first
+            for name, drafter, policy in methods[turn:] + methods[:turn]:
                 timed[name].append(
                     engine_run(
                         target, drafter, policy, requests, concurrency, cost_model if drafter is not None else None
@@ -105,8 +109,10 @@ def run_engine_benchmark(
             if drafter is not None and parse_label(policy)[0] == "dcut":
                 metrics["calibration"] = drafter.dcut_estimates.calibrator.table()
             runs.append(metrics)
-        for metrics in runs:
-            metrics["speedup"] = metrics["tokens_per_s"] / runs[0]["tokens_per_s"] if runs[0]["tokens_per_s"] else 0.0
+        ar_repeats = [metrics["tokens_per_s"] for metrics, _ in timed["batched-ar"]]
+        for (name, _, _), metrics in zip(methods, runs):  # paired: each repeat against AR's run beside it
+            ratios = [m["tokens_per_s"] / ar if ar else 0.0 for (m, _), ar in zip(timed[name], ar_repeats)]
+            metrics.update(speedup=statistics.median(ratios), repeat_speedups=ratios)
         levels.append({"concurrency": concurrency, "requests": len(requests), "repeats": repeats, "runs": runs})
     report = {
         "max_new_tokens": max_new_tokens,

@@ -351,7 +351,7 @@ class SpeculativeEngine:
             attention_mask=cache.valid.long(),
             past_key_values=cache.cache,
             use_cache=True,
-            output_hidden_states=bool(self.hidden_indices),
+            output_hidden_states=self.hidden_indices or False,  # only the tapped layers are kept
             logits_to_keep=1,
         )
         token = int(self._sample(row, out.logits[0, -1:].float())[0])
@@ -444,7 +444,7 @@ class SpeculativeEngine:
             attention_mask=self.cache.valid.long(),
             past_key_values=self.cache.cache,
             use_cache=True,
-            output_hidden_states=bool(self.hidden_indices),
+            output_hidden_states=self.hidden_indices or False,  # only the tapped layers are kept
         )
         keep = torch.zeros(len(self.rows), width, dtype=torch.bool, device=self.device)
         observed, accepted_counts = (
