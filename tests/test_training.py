@@ -347,6 +347,25 @@ def test_every_recipe_ladder_rung_is_a_valid_training_command():
             assert training_args.eval_strategy == "steps" and data_args.eval_responses, name
 
 
+def test_yaml_config_keeps_null_and_lists_and_refuses_unknown_keys(tmp_path):
+    sys.path.insert(0, os.path.join(REPO, "examples"))
+    try:
+        from train_drafter import parse_arguments
+    finally:
+        sys.path.pop(0)
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "drafter_type: mtp\ninit_from: null\nmax_cpu_minutes: null\ntarget_layer_ids: [1, 14]\n"
+        "responses: r.jsonl.gz\noutput_dir: runs/x\nlearning_rate: 0.0003\n"
+    )
+    drafter_args, data_args, training_args = parse_arguments(["--config", str(config), "--learning_rate", "0.001"])
+    assert drafter_args.init_from is None and data_args.max_cpu_minutes is None
+    assert drafter_args.target_layer_ids == [1, 14] and training_args.learning_rate == 0.001  # the command line wins
+    config.write_text("drafter_type: mtp\nresponses: r.jsonl.gz\noutput_dir: runs/x\nlearning_rat: 0.1\n")
+    with pytest.raises(ValueError, match="learning_rat"):
+        parse_arguments(["--config", str(config)])
+
+
 @pytest.mark.parametrize("kind", ["mtp", "mtp_long_taps", "dfly", "dflash"])
 def test_long_run_configs_parse_with_checkpoints_inside_fifteen_minutes(kind):
     sys.path.insert(0, os.path.join(REPO, "examples"))

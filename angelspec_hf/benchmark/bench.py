@@ -19,9 +19,16 @@ from dataclasses import dataclass, field
 
 import torch
 import transformers
-from tqdm.auto import tqdm
+from transformers.utils.logging import tqdm  # honours transformers.utils.logging.disable_progress_bar()
 
-from ..arguments import drafter_spec, non_negative_int, positive_int, positive_int_list, schedule_list
+from ..arguments import (
+    add_target_arguments,
+    drafter_spec,
+    non_negative_int,
+    positive_int,
+    positive_int_list,
+    schedule_list,
+)
 from ..generation.dcut import load_cost_model
 from ..generation.engine import resident_memory_bytes
 from ..generation.policies import DCut, VerifyPolicy, resolve_policy
@@ -33,9 +40,7 @@ NEAR_TIE_GAP = 1e-3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--target", default="smollm2", help="target model (default: the embedded SmolLM2-135M-Instruct)"
-    )
+    add_target_arguments(parser)
     parser.add_argument(
         "--drafter",
         action="append",
@@ -467,7 +472,7 @@ def load_drafter(path: str, target):
 def main(args: argparse.Namespace) -> dict:
     from ..targets import load_target
 
-    target = load_target(args.target)
+    target = load_target(args.target, dtype=args.dtype, device=args.device)
     methods, engine_drafters = [], []
     if args.prompt_lookup:
         methods.append(prompt_lookup_method(args.prompt_lookup))

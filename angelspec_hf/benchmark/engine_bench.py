@@ -15,7 +15,7 @@ import dataclasses
 import statistics
 
 import torch
-from tqdm.auto import tqdm
+from transformers.utils.logging import tqdm  # honours transformers.utils.logging.disable_progress_bar()
 
 from ..generation.dcut import load_cost_model
 from ..generation.engine import Request, SpeculativeEngine

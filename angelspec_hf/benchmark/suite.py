@@ -17,7 +17,7 @@ import os
 import statistics
 from dataclasses import dataclass
 
-from ..arguments import positive_int
+from ..arguments import add_target_arguments, positive_int
 from .bench import (
     Method,
     assisted_heuristic_method,
@@ -396,7 +396,7 @@ def main(args) -> dict:
         "repeats": args.repeats,
     }
     size = dataclasses.replace(size, **{key: value for key, value in overrides.items() if value is not None})
-    target = load_target(args.target)
+    target = load_target(args.target, dtype=args.dtype, device=args.device)
     report = run_suite(target, size, args.drafters_dir, args.data_dir)
     report["command"] = getattr(args, "command_line", None)
     report["size_name"] = "quick" if args.quick else "full"
@@ -418,7 +418,7 @@ def main(args) -> dict:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--target", default="smollm2")
+    add_target_arguments(parser)
     parser.add_argument("--quick", action="store_true", help="a small slice (one prompt per domain, short outputs)")
     parser.add_argument("--drafters-dir", default="model_cards", help="folder holding the drafter model cards")
     parser.add_argument("--data-dir", default=None, help="local prompt folder (default ../shared/data)")

@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 import torch
-from tqdm.auto import tqdm
 from transformers import DynamicCache
+from transformers.utils.logging import tqdm  # honours transformers.utils.logging.disable_progress_bar()
 
 
 PROFILED_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)

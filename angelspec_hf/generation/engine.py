@@ -253,11 +253,13 @@ class SpeculativeEngine:
         start = time.perf_counter()
         outputs = [self.submit(request, **defaults) for request in requests]
         total = sum(request.max_new_tokens for request, _ in self._waiting)
-        bar = _progress(total, progress)
+        bar, shown = _progress(total, progress), 0
         while self.has_unfinished():
             self.step()
             if bar is not None:  # progress counted only when shown: the loop is the engine's hot path
-                bar.update(sum(len(o.output_ids) for o in outputs) - bar.n)
+                done = sum(len(o.output_ids) for o in outputs)
+                bar.update(done - shown)
+                shown = done
         if bar is not None:
             bar.close()
         self.stats.seconds = time.perf_counter() - start
@@ -608,6 +610,6 @@ def _processors(request: Request) -> LogitsProcessorList:
 def _progress(total: int, enabled: bool):
     if not enabled:
         return None
-    from tqdm.auto import tqdm
+    from transformers.utils.logging import tqdm  # honours transformers.utils.logging.disable_progress_bar()
 
     return tqdm(total=total, desc="engine", unit="tok")

@@ -1,5 +1,6 @@
 """Drafter families. Each registers with the transformers Auto classes, so `AutoModel.from_pretrained(dir)` loads it."""
 
+import transformers
 from transformers import AutoConfig, AutoModel
 
 from .base import AngelSpecDrafterConfig, AngelSpecDrafterPreTrainedModel
@@ -15,6 +16,9 @@ DRAFTER_CLASSES = {**MEMBER_CLASSES, RouterDrafterConfig.model_type: (RouterDraf
 for _config_class, _model_class in DRAFTER_CLASSES.values():
     AutoConfig.register(_config_class.model_type, _config_class, exist_ok=True)
     AutoModel.register(_config_class, _model_class, exist_ok=True)
+    # Pipelines load `assistant_model="<path or id>"` by the class its config's `architectures` names in the
+    # transformers namespace (pipelines.base.load_model); there the drafters' names resolve to their classes.
+    setattr(transformers, _model_class.__name__, _model_class)
 
 __all__ = [
     "AngelSpecDrafterConfig",

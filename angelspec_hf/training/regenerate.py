@@ -15,7 +15,7 @@ import time
 import warnings
 
 import torch
-from tqdm.auto import tqdm
+from transformers.utils.logging import tqdm  # honours transformers.utils.logging.disable_progress_bar()
 
 from ..generation.engine import Request, SpeculativeEngine
 from ..prompts import encode_chat, load_prompts, load_references

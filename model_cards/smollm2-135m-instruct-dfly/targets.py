@@ -48,6 +48,8 @@ def _locate(name_or_path: str) -> tuple[str, dict, str]:
         name = name_or_path
     else:
         directory, gguf_file, name = name_or_path, None, name_or_path
+    if gguf_file and importlib.util.find_spec("gguf") is None:
+        raise ImportError(f"Loading {name} from a GGUF file needs the gguf package: pip install 'angelspec_hf[gguf]'")
     return directory, ({"gguf_file": gguf_file} if gguf_file else {}), name
 
 
@@ -57,15 +59,21 @@ def load_target_tokenizer(name_or_path: str = DEFAULT_TARGET) -> PreTrainedToken
     return AutoTokenizer.from_pretrained(directory, **kwargs)
 
 
-def load_target(name_or_path: str = DEFAULT_TARGET, dtype: torch.dtype = torch.float32) -> LoadedTarget:
-    """Load a target causal LM and its tokenizer.
+def load_target(
+    name_or_path: str = DEFAULT_TARGET, dtype: torch.dtype | str = torch.float32, device: str = "cpu"
+) -> LoadedTarget:
+    """Load a target causal LM (in `dtype`, e.g. `torch.bfloat16` or `"bfloat16"`, on `device`) and its tokenizer.
 
     `"smollm2"` loads the embedded SmolLM2-135M-Instruct GGUF; anything else goes to `from_pretrained` (a local
     folder, or a Hub id when the Hub is reachable). `"path/to/dir::file.gguf"` loads a GGUF file from a folder.
     """
+    if isinstance(dtype, str):
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(f"dtype must be a torch dtype or its name (float32, bfloat16, ...), got {dtype!r}")
+        dtype = getattr(torch, dtype)
     directory, kwargs, name = _locate(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(directory, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **kwargs).to(device)
     model.eval().requires_grad_(False)
     model.config.name_or_path = name
     return LoadedTarget(model=model, tokenizer=tokenizer, name=name)

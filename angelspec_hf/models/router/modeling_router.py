@@ -11,9 +11,12 @@ a_rm and n_rm being the tokens request r accepted and had verified per round whe
 and t_v the profiled verify cost. A member not chosen does not run: the verified tokens wait for it and it reads
 them all when next chosen (its catch-up is in its measured t_m). A request tries every member once, and again each
 `explore_tokens` verified tokens a member has not drafted it, so no estimate goes stale; the router tells the verify
-policy what its next round promises (`promised_gain`), optimistic for such a try. Which member drafts a round reads
-only earlier rounds,
-and each member's drafts keep their own draft law, so the output keeps the target's (rejection sampling).
+policy what its next round promises (`promised_gain`), optimistic for such a try. A try costs the member's catch-up
+on the request's whole backlog (a long prompt), so tries back off across requests: a member whose try loses (the
+rate of its try round below the best other member's score, or below decoding without drafts) sits out the tries of
+the next `b` new requests, b doubling with each loss up to `MAX_TRY_BACKOFF` and back to 0 on a win; within a request, its
+re-try interval doubles with each loss there. Which member drafts a round reads only earlier rounds, and each
+member's drafts keep their own draft law, so the output keeps the target's (rejection sampling).
 Written by hand: no library routes between speculative drafters.
 """
 
@@ -52,6 +55,7 @@ MEMBERS_FOLDER = "members"  # in a saved router, one drafter folder per member: 
 PRIOR_ACCEPTED = 1.0  # tokens per round a member is credited with before its first round is averaged in
 UNTRIED_GAIN = 0.5  # the saving promised for a round that tries a member never tried before
 AVERAGE = 0.3  # weight of the newest round in the router's running averages
+MAX_TRY_BACKOFF = 32  # most new requests a member that keeps losing its tries sits out between two tries
 
 
 def _average(old: float | None, new: float, first: float | None = None) -> float:
@@ -71,6 +75,8 @@ class MemberRow:
     accepted: float | None = None  # a_rm
     verified: float | None = None  # n_rm
     since: int = 0  # this request's verified tokens since the member last drafted it (read at propose time)
+    tries: bool = True  # whether the member is tried on this request (its backoff across requests allows it)
+    explore_every: int | None = None  # this request's re-try interval (explore_tokens, doubled by each lost try)
 
 
 @dataclass
@@ -78,6 +84,8 @@ class RouterRow:
     members: list[MemberRow]
     last_member: int | None = None  # the member that drafted this request's last drafting round
     last_bucket: int | None = None  # that member's outlook bucket then (None: it has no outlook)
+    last_try: bool = False  # that round tried the member
+    admitted: bool = False  # the router has decided which members this request tries
 
 
 class RouterDraftState:
@@ -142,6 +150,8 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         self.member_verified: list[float | None] = [None] * len(members)
         # For members with an outlook: (accepted, verified) per round, by outlook bucket.
         self.bucket_record: list[dict[int, tuple[float, float]]] = [{} for _ in members]
+        self.try_backoff = [0] * len(members)  # new requests a member sits out after a lost try (doubling)
+        self.try_wait = [0] * len(members)  # new requests still to pass before the member's next try
 
     @classmethod
     def from_members(cls, members: list[AngelSpecDrafterPreTrainedModel], names: list[str] | None = None):
@@ -205,6 +215,8 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             member.bind_target(target, tokenizer)
         self._target_embed_tokens = target.get_input_embeddings()
         self._target_lm_head = target.get_output_embeddings()
+        if tokenizer is not None:
+            self._target_tokenizer = tokenizer
         return self
 
     def remote_code_modules(self) -> list:
@@ -227,6 +239,7 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         self.config.member_names = list(self.member_names)
         self.config.save_pretrained(directory)
         self.generation_config.save_pretrained(directory)
+        self.save_target_tokenizer(directory)
         self._write_remote_code(directory)
 
     @classmethod
@@ -284,16 +297,48 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         verify = self.verify_cost_model(1, width) if self.verify_cost_model is not None else width
         return (1 + (accepted or 0.0)) / ((self.member_seconds[m] or 0.0) + verify)
 
+    def admit(self, row: RouterRow) -> None:
+        """Decide, once per request, which members it tries: those whose backoff across requests has run out."""
+        if row.admitted:
+            return
+        row.admitted = True
+        for m, own in enumerate(row.members):
+            own.tries = self.try_wait[m] == 0
+            self.try_wait[m] = max(0, self.try_wait[m] - 1)
+            own.explore_every = self.config.explore_tokens
+
     def needs_try(self, row: RouterRow, m: int, pending: int = 0) -> bool:
-        """Whether member m (one without an outlook) is due a try on this request: never tried on it, or not for
-        `explore_tokens` tokens (`pending` of them verified since the router last drafted)."""
+        """Whether member m (one without an outlook) is due a try on this request: one the request tries (`admit`)
+        that never drafted it, or not for its re-try interval (`pending` tokens verified since the router last
+        drafted)."""
         own = row.members[m]
-        return own.accepted is None or own.since + pending >= self.config.explore_tokens
+        if not own.tries:
+            return False
+        return own.accepted is None or own.since + pending >= own.explore_every
+
+    def _judge_try(self, state: RouterDraftState, r: int, m: int, verified: int, accepted: int) -> None:
+        """After a round that tried member m on request r and had `accepted` of `verified` drafts accepted: a win
+        (that round's rate above every other member's score and above decoding without drafts) clears its backoff;
+        a loss doubles it, across requests and on this request."""
+        row = state.rows[r]
+        looks = self.outlooks(state, r)
+        others = [self.score(row, o, looks[o]) for o in range(len(self.members)) if o != m]
+        width = 1 + verified
+        verify = self.verify_cost_model(1, width) if self.verify_cost_model is not None else width
+        rate = (1 + accepted) / ((self.member_seconds[m] or 0.0) + verify)
+        plain = 1 / self.verify_cost_model(1, 1) if self.verify_cost_model is not None else 1.0
+        if rate >= max(others, default=0.0) and rate > plain:
+            self.try_backoff[m] = self.try_wait[m] = 0
+            return
+        self.try_backoff[m] = min(MAX_TRY_BACKOFF, max(1, 2 * self.try_backoff[m]))
+        self.try_wait[m] = self.try_backoff[m]
+        row.members[m].explore_every *= 2
 
     def choice(self, state: RouterDraftState, r: int, pending: list[int] = ()) -> tuple[int, int | None, bool]:
         """Request r's member for this round, its outlook bucket, and whether it is a try: a member without an
         outlook due a try (the cheapest first), else the best score."""
         row, looks = state.rows[r], self.outlooks(state, r, pending)
+        self.admit(row)
         due = [m for m, look in enumerate(looks) if look is None and self.needs_try(row, m, len(pending))]
         if due:
             m = min(due, key=lambda m: self.member_seconds[m] or 0.0)
@@ -317,8 +362,9 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         return sum(gains) / len(gains)
 
     def record_acceptance(self, state: RouterDraftState, drafted: list[int], accepted: list[int]) -> None:
-        """Average what the target accepted of each request's round into its drafting member's estimates."""
-        for row, verified, count in zip(state.rows, drafted, accepted):
+        """Average what the target accepted of each request's round into its drafting member's estimates, and judge
+        the tries among these rounds (`_judge_try`)."""
+        for r, (row, verified, count) in enumerate(zip(state.rows, drafted, accepted)):
             m = row.last_member
             if m is None:
                 continue
@@ -334,6 +380,9 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             own.verified = _average(own.verified, verified, self.member_verified[m])
             self.member_accepted[m] = _average(self.member_accepted[m], count, PRIOR_ACCEPTED)
             self.member_verified[m] = _average(self.member_verified[m], verified, PRIOR_ACCEPTED)
+            if row.last_try:
+                row.last_try = False
+                self._judge_try(state, r, m, verified, count)
 
     # -- drafting ---------------------------------------------------------------------------------------------------
 
@@ -360,8 +409,8 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
                 member_row.hidden.append(tuple(target_hidden[j][r, : lengths[r]] for j in taps))
         choices = [self.choice(state, r) for r in range(batch)]
         chosen = [m for m, _, _ in choices]
-        for row, (_, bucket, _) in zip(state.rows, choices):
-            row.last_bucket = bucket
+        for row, (_, bucket, trying) in zip(state.rows, choices):
+            row.last_bucket, row.last_try = bucket, trying
         sampled = bool(getattr(choose, "sampled", torch.ones(1, dtype=torch.bool)).any())
         drafted = []
         for m in sorted(set(chosen)):

@@ -26,6 +26,7 @@ from .cache_utils import RaggedCache
 
 
 # Config keys of a target that describe its weights or provenance, not the shape of a layer.
+_HUB_OPTIONS = ("repo_id", "token", "private", "commit_message", "revision", "create_pr")  # of push_to_hub
 _NON_LAYER_KEYS = (
     "architectures",
     "auto_map",
@@ -244,6 +245,10 @@ class AngelSpecDrafterConfig(PretrainedConfig):
         self.target_model_type = self.target_config.get("model_type")
         self.target_num_hidden_layers = self.target_config.get("num_hidden_layers")
         self.initializer_range = self.target_config.get("initializer_range", 0.02)
+        # The target's special tokens: pipelines compare them with the target's to tell a shared tokenizer.
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            if kwargs.get(key) is None:
+                kwargs[key] = self.target_config.get(key)
         kwargs.setdefault("tie_word_embeddings", False)
         super().__init__(**kwargs)
 
@@ -281,6 +286,7 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
             self.draft_to_target = None
         self._target_embed_tokens = None
         self._target_lm_head = None
+        self._target_tokenizer = None  # saved with the drafter, so that a pipeline can load it by path or id
         # generate() reads drafting settings from the assistant's generation config, as for any assistant model:
         # at most `num_assistant_tokens` drafted per round, the verified prefix chosen by D-cut by default.
         self.generation_config = GenerationConfig(
@@ -466,6 +472,8 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
             self.to(dtype=target.dtype, device=target.device)
         self._target_embed_tokens = target.get_input_embeddings()
         self._target_lm_head = target.get_output_embeddings()
+        if tokenizer is not None:
+            self._target_tokenizer = tokenizer
         return self
 
     @property
@@ -474,7 +482,7 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
 
     def __setattr__(self, name, value):
         # Target modules are borrowed, not owned: keep them out of `_modules` (state dict, DDP, `.to`).
-        if name in ("_target_embed_tokens", "_target_lm_head"):
+        if name in ("_target_embed_tokens", "_target_lm_head", "_target_tokenizer"):
             object.__setattr__(self, name, value)
         else:
             super().__setattr__(name, value)
@@ -550,6 +558,8 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         last, so an interrupted save never leaves a half-written checkpoint. The folder also gets the drafter's
         source files and an `auto_map`, so it loads with `trust_remote_code=True` where this package is missing.
         """
+        push_to_hub = kwargs.pop("push_to_hub", False)
+        hub_options = {key: kwargs.pop(key) for key in _HUB_OPTIONS if key in kwargs}
         save_directory = os.path.abspath(save_directory)
         parent = os.path.dirname(save_directory)
         os.makedirs(parent, exist_ok=True)
@@ -568,6 +578,22 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
                     os.replace(os.path.join(staging, name), destination)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        if push_to_hub:  # the folder as saved, code and card included, to the repository named after it
+            self.push_to_hub(
+                hub_options.pop("repo_id", os.path.basename(save_directory)), folder=save_directory, **hub_options
+            )
+
+    def push_to_hub(self, repo_id: str, folder: str | None = None, card=None, **options):
+        """Upload this drafter to the Hub repository `repo_id` in one commit: weights, config, generation config,
+        remote code (`auto_map`), the bound target's tokenizer and a model card (`angelspec_hf.hub.drafter_card`
+        unless the folder has one or `card` is given). `options`: `token`, `private`, `commit_message`,
+        `revision`, `create_pr`."""
+        from .hub import upload_drafter
+
+        unknown = sorted(set(options) - set(_HUB_OPTIONS))
+        if unknown:
+            raise TypeError(f"push_to_hub got unexpected options {unknown}; it takes {sorted(_HUB_OPTIONS)}")
+        return upload_drafter(self, repo_id, folder=folder, card=card, **options)
 
     def write_checkpoint(self, directory: str, *args, **kwargs) -> None:
         """Everything a checkpoint holds (weights, config, generation config, remote code), written into
@@ -575,7 +601,14 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         self.prepare_for_saving()
         PreTrainedModel.save_pretrained(self, directory, *args, **kwargs)
         self.generation_config.save_pretrained(directory)  # transformers saves it only for models that generate
+        self.save_target_tokenizer(directory)
         self._write_remote_code(directory)
+
+    def save_target_tokenizer(self, directory: str) -> None:
+        """The tokenizer the drafter was bound with, if any: `pipeline(..., assistant_model=<path or id>)` loads the
+        assistant's tokenizer from the same folder (and, the vocabulary being the target's, then shares the target's)."""
+        if self._target_tokenizer is not None:
+            self._target_tokenizer.save_pretrained(directory)
 
     def remote_code_modules(self) -> list:
         """The package modules this drafter's remote code needs besides `base` and its helpers."""
@@ -587,7 +620,9 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         model_module = importlib.import_module(type(self).__module__)
         config_module = importlib.import_module(type(self.config).__module__)
         sources = [module.__file__ for module in self.remote_code_modules()] + [__file__]
-        sources += [os.path.join(os.path.dirname(package), helper) for helper in ("targets.py", "cache_utils.py")]
+        sources += [
+            os.path.join(os.path.dirname(package), helper) for helper in ("targets.py", "cache_utils.py", "hub.py")
+        ]
         for source in dict.fromkeys(sources):
             with open(source) as handle:  # `from .modeling_mtp import` and `from .base import` alike
                 code = re.sub(r"from \.+(?:\w+\.)*(\w+) import", r"from .\1 import", handle.read())
