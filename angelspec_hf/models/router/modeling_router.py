@@ -213,10 +213,7 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         self.check_target(target, tokenizer)
         for member in self.members:
             member.bind_target(target, tokenizer)
-        self._target_embed_tokens = target.get_input_embeddings()
-        self._target_lm_head = target.get_output_embeddings()
-        if tokenizer is not None:
-            self._target_tokenizer = tokenizer
+        self._borrow_target(target, tokenizer)
         return self
 
     def remote_code_modules(self) -> list:
@@ -293,9 +290,14 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         else:
             accepted = own.accepted if own.accepted is not None else self.member_accepted[m]
             verified = own.verified if own.verified is not None else self.member_verified[m]
-        width = 1 + (verified or 0.0)
+        return self._rate(accepted or 0.0, verified or 0.0, self.member_seconds[m] or 0.0)
+
+    def _rate(self, accepted: float, verified: float, seconds: float) -> float:
+        """(1 + a) / (t + t_v(1 + n)): tokens per second of a round that drafts for `seconds` and verifies n
+        drafts, a of them accepted (t_v the profiled verify cost; without a profile, one unit per token)."""
+        width = 1 + verified
         verify = self.verify_cost_model(1, width) if self.verify_cost_model is not None else width
-        return (1 + (accepted or 0.0)) / ((self.member_seconds[m] or 0.0) + verify)
+        return (1 + accepted) / (seconds + verify)
 
     def admit(self, row: RouterRow) -> None:
         """Decide, once per request, which members it tries: those whose backoff across requests has run out."""
@@ -323,11 +325,8 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         row = state.rows[r]
         looks = self.outlooks(state, r)
         others = [self.score(row, o, looks[o]) for o in range(len(self.members)) if o != m]
-        width = 1 + verified
-        verify = self.verify_cost_model(1, width) if self.verify_cost_model is not None else width
-        rate = (1 + accepted) / ((self.member_seconds[m] or 0.0) + verify)
-        plain = 1 / self.verify_cost_model(1, 1) if self.verify_cost_model is not None else 1.0
-        if rate >= max(others, default=0.0) and rate > plain:
+        rate = self._rate(accepted, verified, self.member_seconds[m] or 0.0)
+        if rate >= max(others, default=0.0) and rate > self._rate(0.0, 0.0, 0.0):  # the latter: no drafts
             self.try_backoff[m] = self.try_wait[m] = 0
             return
         self.try_backoff[m] = min(MAX_TRY_BACKOFF, max(1, 2 * self.try_backoff[m]))
@@ -353,7 +352,7 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         drafted. None without a profile."""
         if self.verify_cost_model is None or not state.rows:
             return None
-        plain = 1 / self.verify_cost_model(1, 1)
+        plain = self._rate(0.0, 0.0, 0.0)  # r_0: no drafts
         pending = pending or [[] for _ in state.rows]
         gains = []
         for r, row in enumerate(state.rows):

@@ -31,7 +31,7 @@ output = target.generate(input_ids, assistant_model=drafter, max_new_tokens=128)
 
 def benchmark_results(report: dict, model_name: str) -> list[EvalResult]:
     """`EvalResult`s (τ and speedup over AR per prompt set) of a drafter's methods in an `angelspec bench` report."""
-    prompts = str(report.get("prompts") or report.get("command", "prompts")).split("--prompts ")[-1].split()[0]
+    prompts = report["prompts"]  # the prompt source the report ran on, e.g. mt_bench or spec_bench:qa
     results = []
     for method in report.get("methods", []):
         if model_name not in method["name"]:

@@ -470,11 +470,15 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         self.check_target(target, tokenizer)
         if self.dtype != target.dtype or self.device != target.device:
             self.to(dtype=target.dtype, device=target.device)
+        self._borrow_target(target, tokenizer)
+        return self
+
+    def _borrow_target(self, target: PreTrainedModel, tokenizer=None) -> None:
+        """Share the target's embedding and lm_head, and keep its tokenizer (when given) to save beside the drafter."""
         self._target_embed_tokens = target.get_input_embeddings()
         self._target_lm_head = target.get_output_embeddings()
         if tokenizer is not None:
             self._target_tokenizer = tokenizer
-        return self
 
     @property
     def is_bound(self) -> bool:
