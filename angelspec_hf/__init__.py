@@ -1,44 +1,50 @@
 """angelspec_hf: AngelSpec speculative decoding as Hugging Face models.
 
-Importing the package registers the drafters with the transformers Auto classes and routes
-`target.generate(input_ids, assistant_model=drafter)` to the AngelSpec candidate generator (a batch of sequences to the
-batched engine).
+Importing the package registers the drafters with the transformers Auto classes (`registration.py`: before
+transformers first looks a model type up); a drafter, once built or loaded, routes
+`target.generate(input_ids, assistant_model=drafter)` to the AngelSpec candidate generator (a batch of sequences to
+the batched engine). `load_drafter(name)` finds the shipped drafters by name. The names below are imported on first
+use, as transformers' own are, so that `import angelspec_hf` (and `angelspec --help`) does not import torch.
 """
 
-from .generation import Request, RequestOutput, SpeculativeEngine, speculative_generate
-from .generation import install as _install_generation
-from .metrics import SpeculationStats
-from .models import (
-    AngelSpecMTPConfig,
-    AngelSpecMTPDrafter,
-    DFlyConfig,
-    DFlyDrafter,
-    RouterDrafter,
-    RouterDrafterConfig,
-    SuffixDrafter,
-    SuffixDrafterConfig,
-)
-from .targets import load_target, tokenizer_fingerprint
+import importlib
 
+from .registration import register_on_first_lookup
 
-_install_generation()
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AngelSpecMTPConfig",
-    "AngelSpecMTPDrafter",
-    "DFlyConfig",
-    "DFlyDrafter",
-    "Request",
-    "RouterDrafter",
-    "RouterDrafterConfig",
-    "RequestOutput",
-    "SpeculationStats",
-    "SpeculativeEngine",
-    "SuffixDrafter",
-    "SuffixDrafterConfig",
-    "load_target",
-    "speculative_generate",
-    "tokenizer_fingerprint",
-]
+_EXPORTS = {
+    "AngelSpecMTPConfig": "models",
+    "AngelSpecMTPDrafter": "models",
+    "DFlyConfig": "models",
+    "DFlyDrafter": "models",
+    "Request": "generation",
+    "RequestOutput": "generation",
+    "RouterDrafter": "models",
+    "RouterDrafterConfig": "models",
+    "SpeculationStats": "metrics",
+    "SpeculativeEngine": "generation",
+    "SuffixDrafter": "models",
+    "SuffixDrafterConfig": "models",
+    "load_drafter": "hub",
+    "load_target": "targets",
+    "speculative_generate": "generation",
+    "tokenizer_fingerprint": "targets",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+register_on_first_lookup()

@@ -83,3 +83,89 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--dtype", choices=TARGET_DTYPES, default="float32", help="the target's dtype")
     parser.add_argument("--device", default="cpu", help="the target's device (e.g. cuda:0)")
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """`angelspec bench`: drafters against plain decoding, one sequence at a time or batched (`--concurrency`)."""
+    add_target_arguments(parser)
+    parser.add_argument(
+        "--drafter",
+        action="append",
+        default=[],
+        type=drafter_spec,
+        help="drafter folder, shipped drafter name or Hub id; repeat for several; DIR@SCHEDULES runs that drafter with its own schedules (e.g. DIR@dcut,constant-15)",
+    )
+    parser.add_argument("--prompts", default="mt_bench", help="prompt set name or JSONL file (`prompt` or `turns`)")
+    parser.add_argument("--data-dir", default=None, help="local prompt folder (default ../shared/data)")
+    parser.add_argument("--limit", type=positive_int, default=None, help="first N prompts")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128)
+    parser.add_argument(
+        "--num-draft-tokens", type=positive_int, default=None, help="override each drafter's most tokens per round"
+    )
+    parser.add_argument(
+        "--schedules",
+        default="dcut",
+        type=schedule_list,
+        help="comma-separated verify-depth schedules to run each drafter with: dcut (adaptive, default), "
+        "constant-K (verify K drafted tokens, e.g. constant-1,constant-3), heuristic (transformers' rule)",
+    )
+    parser.add_argument(
+        "--full-vocab-variant",
+        action="store_true",
+        help="also run each reduced-vocabulary drafter with the target's full lm_head (what the reduced head saves)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        default=None,
+        type=positive_int_list,
+        help="comma-separated request concurrencies (e.g. 1,4,8,16,32,64): benchmark the batched engine instead, "
+        "batched AR vs each drafter with each policy (dcut, constant-K) at each concurrency",
+    )
+    parser.add_argument(
+        "--min-requests", type=positive_int, default=8, help="engine benchmark: requests per concurrency at least"
+    )
+    parser.add_argument(
+        "--prompt-lookup",
+        type=non_negative_int,
+        default=0,
+        help="also run transformers' prompt lookup decoding with this many tokens per round (0: off)",
+    )
+    parser.add_argument(
+        "--early-exit-assistant",
+        type=non_negative_int,
+        default=0,
+        help="also run transformers' assisted generation (heuristic schedule) with an assistant made of the target's "
+        "first N layers (0: off)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=1,
+        help="time each generation (engine: each run, taking turns) this many times and report the median",
+    )
+    parser.add_argument("--output", default=None, help="write results as JSON here")
+    parser.add_argument("--markdown", action="store_true", help="also print the results as a Markdown table")
+
+
+def add_suite_arguments(parser: argparse.ArgumentParser) -> None:
+    """`angelspec suite`: every method on every domain, plus the batched engine."""
+    add_target_arguments(parser)
+    parser.add_argument("--quick", action="store_true", help="a small slice (one prompt per domain, short outputs)")
+    parser.add_argument("--drafters-dir", default="model_cards", help="folder holding the drafter model cards")
+    parser.add_argument("--data-dir", default=None, help="local prompt folder (default ../shared/data)")
+    parser.add_argument(
+        "--prompts-per-domain", type=positive_int, default=None, help="override the size's prompts per domain"
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=positive_int, default=None, help="override the size's new tokens per prompt"
+    )
+    parser.add_argument(
+        "--repeats", type=positive_int, default=None, help="time each generation this many times (median)"
+    )
+    parser.add_argument("--output-dir", default="benchmarks/latest", help="results.json and the PNG plots")
+    parser.add_argument("--benchmarks-md", default=None, help="write the Markdown report here (e.g. BENCHMARKS.md)")
+    parser.add_argument(
+        "--update-model-cards",
+        action="store_true",
+        help="rewrite the suite section of each drafter's model card README from this run",
+    )

@@ -10,7 +10,15 @@ import re
 import sys
 
 from . import __version__
-from .arguments import add_target_arguments, policy, positive_int, positive_int_list, temperature
+from .arguments import (
+    add_bench_arguments,
+    add_suite_arguments,
+    add_target_arguments,
+    policy,
+    positive_int,
+    positive_int_list,
+    temperature,
+)
 from .prompts import check_prompt_source
 
 
@@ -65,9 +73,7 @@ def _teacher_forced(args: argparse.Namespace) -> None:
     print(f"{len(records)} teacher-forced responses, {tokens} response tokens, in {args.output}")
 
 
-DEFAULT_DRAFTER = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model_cards", "smollm2-135m-instruct-mtp"
-)
+DEFAULT_DRAFTER = "smollm2-135m-instruct-mtp"  # a shipped card: angelspec_hf.load_drafter finds it
 DEMO_PROMPTS = [
     "Give me three tips for staying focused while working from home.",
     "Explain what a hash table is to a first-year student.",
@@ -77,14 +83,14 @@ DEMO_PROMPTS = [
 
 def _demo(args: argparse.Namespace) -> None:
     import torch
-    from transformers import AutoModel
 
     from .benchmark.bench import drafter_methods, format_table, run_benchmark
+    from .hub import load_drafter
     from .prompts import default_data_dir, encode_chat, load_prompts
     from .targets import load_target
 
     target = load_target(args.target, dtype=args.dtype, device=args.device)
-    drafter = AutoModel.from_pretrained(args.drafter).eval().bind_target(target.model, target.tokenizer)
+    drafter = load_drafter(args.drafter, target.model, target.tokenizer)
     if default_data_dir() is not None:
         prompts = [row["prompt"] for row in load_prompts("mt_bench", limit=args.limit)]
     else:
@@ -114,6 +120,12 @@ def _bench(args: argparse.Namespace) -> None:
     bench_main(args)
 
 
+def _suite(args: argparse.Namespace) -> None:
+    from .benchmark.suite import main as suite_main
+
+    suite_main(args)
+
+
 def _profile(args: argparse.Namespace) -> None:
     from .generation.dcut import cost_model_path, profile_verify_cost
     from .targets import load_target
@@ -132,16 +144,15 @@ def _profile(args: argparse.Namespace) -> None:
 def _batch(args: argparse.Namespace) -> None:
     import json
 
-    from transformers import AutoModel
-
     from .generation.engine import Request, SpeculativeEngine
+    from .hub import load_drafter
     from .prompts import encode_chat, load_prompts
     from .targets import load_target
 
     target = load_target(args.target, dtype=args.dtype, device=args.device)
     drafter = None
     if args.drafter:
-        drafter = AutoModel.from_pretrained(args.drafter).eval().bind_target(target.model, target.tokenizer)
+        drafter = load_drafter(args.drafter, target.model, target.tokenizer)
     rows = load_prompts(args.prompts, data_dir=args.data_dir, limit=args.limit)
     sampling = {"do_sample": True, "temperature": args.temperature} if args.temperature > 0 else {}
     requests = [
@@ -187,13 +198,13 @@ def _estimate(args: argparse.Namespace) -> None:
     import json
 
     from torch.utils.data import DataLoader
-    from transformers import AutoModel
 
+    from .hub import load_drafter
     from .targets import load_target
     from .training import PackedCollator, build_training_dataset, estimate_acceptance, precompute_hidden_states
 
     target = load_target(args.target, dtype=args.dtype, device=args.device)
-    drafter = AutoModel.from_pretrained(args.drafter).eval().bind_target(target.model, target.tokenizer)
+    drafter = load_drafter(args.drafter, target.model, target.tokenizer)
     sources = args.sources.split(",") if args.sources else None
     dataset = build_training_dataset(args.responses, args.max_length, sources=sources)
     dataset = precompute_hidden_states(
@@ -231,6 +242,22 @@ def _curve(args: argparse.Namespace) -> None:
     print(curve_table(curves))
     if args.output:
         print(f"-> {plot_training_curves(curves, args.output, target_tau=args.target_tau)}")
+
+
+def _export(args: argparse.Namespace) -> None:
+    import torch
+
+    from .export import EXPORT_FORMATS
+    from .hub import load_drafter
+
+    drafter = load_drafter(args.drafter)
+    try:
+        folder = EXPORT_FORMATS[args.format](
+            drafter, args.output, dtype=getattr(torch, args.dtype) if args.dtype else None
+        )
+    except ValueError as error:
+        raise UsageError(f"--drafter {args.drafter}: {error}") from None
+    print(f"{args.format} checkpoint in {folder}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -278,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = add_command("demo", help="SmolLM2 with the shipped MTP drafter: outputs, τ and speedup")
     add_target_arguments(demo)
-    demo.add_argument("--drafter", default=DEFAULT_DRAFTER)
+    demo.add_argument("--drafter", default=DEFAULT_DRAFTER, help="a drafter folder, shipped drafter name or Hub id")
     demo.add_argument("--limit", type=positive_int, default=5, help="how many MT-bench prompts")
     demo.add_argument("--max-new-tokens", type=positive_int, default=128)
     demo.set_defaults(func=_demo)
@@ -326,6 +353,18 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("--output", default=None, help="JSON file of the metrics")
     estimate.set_defaults(func=_estimate)
 
+    export = add_command("export", help="a trained drafter in the checkpoint layout SGLang / vLLM load (DFlash)")
+    export.add_argument("--drafter", required=True, help="a drafter folder, shipped drafter name or Hub id")
+    export.add_argument("--format", choices=["dflash"], default="dflash", help="the layout")
+    export.add_argument("--output", required=True, help="folder for model.safetensors and config.json")
+    export.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default=None,
+        help="tensor dtype (default: the drafter's)",
+    )
+    export.set_defaults(func=_export)
+
     curve = add_command("curve", help="offline τ of training runs against CPU-hours and tokens: table and plot")
     curve.add_argument("runs", nargs="+", help="training output folders (their trainer_state.json)")
     curve.add_argument("--labels", default=None, help="comma-separated, one per run (default: the folder names)")
@@ -333,18 +372,14 @@ def build_parser() -> argparse.ArgumentParser:
     curve.add_argument("--output", default=None, help="PNG of the curves")
     curve.set_defaults(func=_curve)
 
-    from .benchmark import suite
-
     suite_parser = add_command(
         "suite", help="every method on every domain, plus the batched engine: JSON, Markdown, plots"
     )
-    suite.add_arguments(suite_parser)
-    suite_parser.set_defaults(func=lambda args: suite.main(args))
-
-    from .benchmark.bench import add_arguments
+    add_suite_arguments(suite_parser)
+    suite_parser.set_defaults(func=_suite)
 
     bench = add_command("bench", help="speculative vs plain decoding on a prompt set")
-    add_arguments(bench)
+    add_bench_arguments(bench)
     bench.set_defaults(func=_bench)
     return parser
 
@@ -415,9 +450,15 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def _check_model(flag: str, path: str, kind: str, hub: bool = True, filename: str = "config.json") -> None:
-    """`path` is a model folder or, where `hub`, a Hub id (offline: one whose `filename` is in the local cache)."""
+    """`path` is a model folder, a shipped drafter's name, or, where `hub`, a Hub id (offline: one whose `filename`
+    is in the local cache)."""
     if os.path.isdir(path):
         return
+    if kind == "drafter":
+        from .hub import shipped_drafter_path
+
+        if shipped_drafter_path(path) is not None:
+            return
     hub_id = hub and HUB_ID.fullmatch(path) is not None
     if hub_id and _on_hub(path, filename):
         return
@@ -464,7 +505,11 @@ def main(argv: list[str] | None = None) -> None:
         [f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"] if "OMP_NUM_THREADS" in os.environ else []
     )  # timings depend on it
     args.command_line = " ".join([*threads, "angelspec", *argv])
-    args.func(args)
+    try:
+        args.func(args)
+    except UsageError as error:  # found only once loaded (e.g. a drafter that has no such layout)
+        print(f"angelspec {args.command}: error: {error}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

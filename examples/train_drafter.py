@@ -58,6 +58,15 @@ class DrafterArguments:
         default=False, metadata={"help": "draft layers and final norm copied from the target's last"}
     )
     zero_output_projections: bool = field(default=False, metadata={"help": "residual output projections start at 0"})
+    lora_r: int = field(
+        default=0,
+        metadata={
+            "help": "adapt the drafter (usually `init_from`) with peft's LoRA of this rank on its own linear layers; "
+            "the output folder gets the adapter and, in merged/, the merged drafter (0: train every weight)"
+        },
+    )
+    lora_alpha: float = field(default=32.0, metadata={"help": "LoRA alpha"})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
     target_layer_ids: list[int] | None = field(
         default=None, metadata={"help": "tapped target layers (MTP default: the last; DFly default: 5 spread out)"}
     )
@@ -179,6 +188,17 @@ def main(argv: list[str]) -> None:
         eos = target.model.generation_config.eos_token_id
         drafter.init_draft_vocab(counts, always_keep=eos if isinstance(eos, list) else [eos])
 
+    if drafter_args.lora_r:
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(
+            r=drafter_args.lora_r,
+            lora_alpha=drafter_args.lora_alpha,
+            lora_dropout=drafter_args.lora_dropout,
+            target_modules=drafter.lora_target_modules(),
+        )
+        drafter = get_peft_model(drafter, lora)
+
     if data_args.hidden_states not in ("offline", "online"):
         raise ValueError(f"hidden_states must be 'offline' or 'online', got {data_args.hidden_states!r}")
 
@@ -237,7 +257,9 @@ def main(argv: list[str]) -> None:
     # A checkpoint killed mid-save is never resumed from: saves are atomic, incomplete leftovers are skipped.
     last = last_complete_checkpoint(training_args.output_dir)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint or last)
-    trainer.save_model(training_args.output_dir)
+    trainer.save_model(training_args.output_dir)  # with LoRA, the adapter (load_drafter loads it onto its base)
+    if drafter_args.lora_r:
+        trainer.model.merge_and_unload().save_pretrained(os.path.join(training_args.output_dir, "merged"))
     trainer.save_state()  # trainer_state.json with the whole log history, acceptance measurements included
 
 

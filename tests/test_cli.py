@@ -3,6 +3,8 @@ loads; arguments that are right get through to the model load."""
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -284,6 +286,26 @@ def test_version_and_defaults_in_help(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--help"])
     assert "(default: smollm2)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["bench", "--help"], ["suite", "--help"]])
+def test_help_and_version_import_neither_torch_nor_transformers(argv):
+    """What makes `angelspec --help` answer at once: the package and its parser import no heavy module."""
+    code = (
+        "import sys\n"
+        "from angelspec_hf.cli import main\n"
+        f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+        "print(sorted(name for name in ('torch', 'transformers', 'datasets', 'evaluate') if name in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines()[-1] == "[]"
+
+
+def test_a_shipped_drafter_is_taken_by_name():
+    """`--drafter smollm2-135m-instruct-mtp` (the demo default) passes the checks and reaches the load."""
+    with pytest.raises(AssertionError, match="a model was loaded"):
+        main(["demo", "--drafter", "smollm2-135m-instruct-mtp"])
 
 
 def test_target_dtype_and_device_are_checked_then_passed_to_the_load(capsys, monkeypatch, prompts):

@@ -58,19 +58,37 @@ class DrafterTesterMixin:
             target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=loaded), expected
         )
 
-    def test_loads_with_remote_code_where_the_package_is_missing(self, tmp_path):
-        self.make(make_target("llama", num_hidden_layers=4), draft_vocab_size=32).save_pretrained(tmp_path)
-        code = (
-            "import sys; sys.modules['angelspec_hf'] = None\n"  # the package cannot be imported
-            "from transformers import AutoModel\n"
-            f"model = AutoModel.from_pretrained({str(tmp_path)!r}, trust_remote_code=True)\n"
-            "print(type(model).__name__, type(model).__module__.startswith('transformers_modules'))\n"
-        )
+    def test_generates_with_remote_code_where_the_package_is_missing(self, tmp_path):
+        """Loaded with `trust_remote_code=True` in a process that cannot import angelspec_hf, the drafter drafts in
+        `generate(assistant_model=...)` (one sequence, and a padded batch through the engine) and through its
+        folder's `custom_generate/generate.py`; every output equals the target's plain greedy decoding."""
+        target = make_target("llama", num_hidden_layers=4, dtype=torch.float32)
+        target.save_pretrained(tmp_path / "target")
+        drafter = self.make(target, draft_vocab_size=32)
+        drafter.generation_config.update(num_assistant_tokens=3, num_assistant_tokens_schedule="constant")
+        drafter.save_pretrained(tmp_path / "drafter")
+        code = f"""
+import sys; sys.modules["angelspec_hf"] = None  # the package cannot be imported
+import torch
+from transformers import AutoModel, AutoModelForCausalLM
+target = AutoModelForCausalLM.from_pretrained({str(tmp_path / "target")!r})
+drafter = AutoModel.from_pretrained({str(tmp_path / "drafter")!r}, trust_remote_code=True)
+print(type(drafter).__name__, type(drafter).__module__.startswith("transformers_modules"))
+single = torch.tensor([[3, 5, 7, 9, 11]])
+batch = dict(input_ids=torch.tensor([[0, 3, 5, 7, 9], [4, 8, 2, 6, 1]]), attention_mask=torch.tensor([[0, 1, 1, 1, 1], [1] * 5]))
+options = dict(max_new_tokens=16, do_sample=False)
+for inputs in (dict(input_ids=single), batch):
+    plain = target.generate(**inputs, **options)
+    print(torch.equal(target.generate(**inputs, assistant_model=drafter, **options), plain))
+    print(sum(drafter.speculation_stats.drafted) > 0)
+print(torch.equal(target.generate(input_ids=single, custom_generate={str(tmp_path / "drafter")!r}, trust_remote_code=True,
+      assistant_model={str(tmp_path / "drafter")!r}, **options), target.generate(input_ids=single, **options)))
+"""
         result = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}
         )
-        assert result.returncode == 0, result.stderr[-2000:]
-        assert result.stdout.split()[-2:] == [self.drafter_class.__name__, "True"]
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.stdout.split()[-7:] == [self.drafter_class.__name__] + ["True"] * 6
 
     def test_a_mismatched_target_is_refused_with_a_clear_error(self):
         drafter = self.make(make_target("llama", num_hidden_layers=4, seed=0))
@@ -97,7 +115,11 @@ class DrafterTesterMixin:
     def test_an_interrupted_save_leaves_the_previous_checkpoint_intact(self, tmp_path, monkeypatch):
         drafter = self.make(make_target("llama", num_hidden_layers=4))
         drafter.save_pretrained(tmp_path)
-        before = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}
+
+        def contents():  # every file of the folder, subfolders (custom_generate/) included
+            return {path.relative_to(tmp_path): path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+
+        before = contents()
         with torch.no_grad():
             next(drafter.parameters()).add_(1.0)
 
@@ -107,7 +129,7 @@ class DrafterTesterMixin:
         monkeypatch.setattr("transformers.modeling_utils.safe_save_file", crash)
         with pytest.raises(KeyboardInterrupt):
             drafter.save_pretrained(tmp_path)
-        assert {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)} == before
+        assert contents() == before
         assert not [name for name in os.listdir(tmp_path.parent) if ".saving-" in name]
 
     @pytest.mark.parametrize("model_type", ARCHITECTURES)
@@ -170,8 +192,12 @@ def test_model_card_remote_code_is_the_package_source(card, tmp_path):
     config = AutoConfig.from_pretrained(tmp_path)
     drafter = AutoModel.from_config(config)
     drafter._write_remote_code(str(tmp_path))
-    written = sorted(name for name in os.listdir(tmp_path) if name.endswith(".py"))
-    shipped = sorted(name for name in os.listdir(os.path.join(CARDS, card)) if name.endswith(".py"))
+    written = sorted(os.path.relpath(name, tmp_path) for name in glob.glob(f"{tmp_path}/**/*.py", recursive=True))
+    shipped = sorted(
+        os.path.relpath(name, os.path.join(CARDS, card))
+        for name in glob.glob(f"{CARDS}/{card}/**/*.py", recursive=True)
+        if "/members/" not in os.path.relpath(name, CARDS)[len(card) :]
+    )
     assert written == shipped
     for name in written:
         with open(tmp_path / name) as ours, open(os.path.join(CARDS, card, name)) as theirs:

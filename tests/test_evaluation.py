@@ -122,3 +122,68 @@ def test_rounds_walk_chains_as_generate_does():
     # From 0: 3 accepted + bonus -> 4; from 4: min(1, 6-4-1=1) accepted -> 6 = last.
     assert (stats.drafted, stats.accepted) == ([0, 3, 1], [0, 3, 1])  # the prefill first
     assert estimate.rounds(1).accepted == [0, 1, 0, 0, 1]
+
+
+def test_lora_adaptation_is_trained_by_the_same_trainer_and_measured_before_and_after(target, responses, tmp_path):
+    """A drafter adapted with peft's LoRA to the held-out domain: trained by `AngelSpecTrainer` (base weights
+    frozen), its τ measured before and after by the estimate, and the adapted drafter used three ways with the same
+    τ: as the `PeftModel`, merged into the drafter, and reloaded as an adapter onto the saved base."""
+    peft = pytest.importorskip("peft")
+    torch.manual_seed(0)
+    base = AngelSpecMTPDrafter.from_target(target, num_depths=3)
+    base.generation_config.num_assistant_tokens_schedule = "constant"
+    base.save_pretrained(tmp_path / "base")
+    frozen = {name: value.clone() for name, value in base.state_dict().items()}
+    dataset = build_training_dataset(responses, max_length=256)
+    loader_args = dict(per_device_eval_batch_size=2, report_to="none", use_cpu=True, save_strategy="no")
+    before = estimate_acceptance(
+        base,
+        AngelSpecTrainer(
+            model=base,
+            args=TrainingArguments(output_dir=str(tmp_path / "before"), **loader_args),
+            eval_dataset=dataset,
+            data_collator=PackedCollator(),
+            target=target,
+        ).get_eval_dataloader(),
+        target,
+    )["tau"]
+
+    config = peft.LoraConfig(r=16, lora_alpha=32, target_modules=base.lora_target_modules())
+    adapted = peft.get_peft_model(base, config)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "lora"),
+        per_device_train_batch_size=8,
+        learning_rate=1e-2,
+        max_steps=40,
+        lr_scheduler_type="constant",
+        seed=0,
+        **loader_args,
+    )
+    trainer = AngelSpecTrainer(
+        model=adapted,
+        args=args,
+        train_dataset=dataset,
+        eval_dataset=dataset,
+        data_collator=PackedCollator(),
+        target=target,
+    )
+    trainer.train()
+    after = trainer.evaluate()["eval_tau"]
+    assert after > before + 0.3, (before, after)
+    trained_base = {
+        name.replace("base_layer.", ""): value
+        for name, value in adapted.get_base_model().state_dict().items()
+        if "lora_" not in name
+    }
+    assert trained_base.keys() == frozen.keys()
+    assert all(torch.equal(value, frozen[name]) for name, value in trained_base.items()), "LoRA leaves the base"
+    assert generate_stats(target, adapted.eval(), responses).tau == pytest.approx(after, abs=1e-9)
+
+    trainer.save_model(tmp_path / "adapter")
+    reloaded = peft.PeftModel.from_pretrained(
+        AngelSpecMTPDrafter.from_pretrained(tmp_path / "base"), tmp_path / "adapter"
+    )
+    assert generate_stats(target, reloaded.eval(), responses).tau == pytest.approx(after, abs=1e-9)
+    merged = adapted.merge_and_unload()
+    assert type(merged) is AngelSpecMTPDrafter
+    assert generate_stats(target, merged.eval(), responses).tau == pytest.approx(after, abs=1e-9)

@@ -4,6 +4,8 @@ targets by dtype name, progress bars, and pushed to a Hub (a local stand-in for 
 import json
 import os
 import shutil
+import subprocess
+import sys
 import types
 
 import pytest
@@ -11,7 +13,8 @@ import torch
 from conftest import make_target
 from transformers import pipeline
 
-from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
+from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, load_drafter
+from angelspec_hf.hub import SHIPPED_DRAFTERS
 
 
 PROMPTS = ["The capital of France is", "def add(a, b):", "Once upon a time"]
@@ -143,3 +146,114 @@ def test_save_pretrained_with_push_to_hub_uploads_the_saved_folder_to_its_name(t
     assert "modeling_mtp.py" in os.listdir(repo) and "speculative-decoding" in (repo / "README.md").read_text()
     with pytest.raises(TypeError, match="unexpected options"):
         drafter.push_to_hub("x", max_shard_size="1GB")
+
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_shipped_drafters_are_found_by_name_after_a_normal_install(tmp_path):
+    """A wheel built from the repository and installed (not editable) into a scratch prefix carries the shipped
+    cards: run from elsewhere, `load_drafter(name)` loads each from the installed copy, not the repository."""
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path, REPOSITORY],
+        capture_output=True,
+        text=True,
+    )
+    assert build.returncode == 0, build.stderr[-2000:]
+    prefix = tmp_path / "prefix"
+    install = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--ignore-installed",
+            "-q",
+            "--prefix",
+            prefix,
+        ]
+        + [str(wheel) for wheel in tmp_path.glob("*.whl")],
+        capture_output=True,
+        text=True,
+    )
+    assert install.returncode == 0, install.stderr[-2000:]
+    site = next(prefix.glob("lib/python*/site-packages"))
+    code = (
+        "import angelspec_hf, os\n"
+        "from angelspec_hf.hub import SHIPPED_DRAFTERS\n"
+        f"assert angelspec_hf.__file__.startswith({str(site)!r}), angelspec_hf.__file__\n"
+        "for name in SHIPPED_DRAFTERS:\n"
+        "    drafter = angelspec_hf.load_drafter(name)\n"
+        f"    print(name, type(drafter).__name__, drafter.name_or_path.startswith({str(prefix)!r}))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(site)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line.split() for line in result.stdout.splitlines()]
+    assert [line[0] for line in lines] == list(SHIPPED_DRAFTERS) and all(line[2] == "True" for line in lines)
+    assert {line[1] for line in lines} == {"AngelSpecMTPDrafter", "DFlyDrafter", "SuffixDrafter", "RouterDrafter"}
+
+
+def test_load_drafter_names_what_it_accepts():
+    with pytest.raises(FileNotFoundError, match="shipped drafter .*smollm2-135m-instruct-mtp"):
+        load_drafter("no-such-drafter")
+    assert type(load_drafter("smollm2-135m-instruct-suffix")).__name__ == "SuffixDrafter"  # the checkout's card
+
+
+@pytest.mark.parametrize(
+    "imports",
+    [
+        "import angelspec_hf; from transformers import AutoConfig, AutoModel",
+        "from transformers import AutoConfig, AutoModel; import angelspec_hf",
+        "import transformers; import angelspec_hf; from transformers import AutoConfig, AutoModel",
+        "import angelspec_hf; from transformers import pipeline, AutoConfig, AutoModel",
+    ],
+)
+def test_import_angelspec_hf_registers_the_drafters_in_any_import_order(text_target, tmp_path, imports):
+    """`import angelspec_hf` imports no torch, yet AutoConfig / AutoModel load a drafter folder (and the pipeline
+    resolves its class by name) however the imports are ordered."""
+    AngelSpecMTPDrafter.from_target(text_target, num_depths=1).save_pretrained(tmp_path)
+    code = (
+        "import sys; import angelspec_hf; print('torch' in sys.modules)\n"
+        f"{imports}\n"
+        f"print(type(AutoConfig.from_pretrained({str(tmp_path)!r})).__name__)\n"
+        f"print(type(AutoModel.from_pretrained({str(tmp_path)!r})).__module__.split('.')[0])\n"
+        "import transformers; print(transformers.AngelSpecMTPDrafter is angelspec_hf.AngelSpecMTPDrafter)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-4:] == ["False", "AngelSpecMTPConfig", "angelspec_hf", "True"]
+
+
+@pytest.mark.parametrize("wrapped", ["target", "drafter"])
+def test_lora_wrapped_targets_and_drafters_keep_generating(wrapped):
+    """A peft `PeftModel` target (LoRA on its attention) or a LoRA-wrapped drafter: speculative decoding drafts, one
+    sequence and a batch, and every output equals the (wrapped) target's own greedy decoding."""
+    peft = pytest.importorskip("peft")
+    target = make_target("llama", num_hidden_layers=4, dtype=torch.float32)
+    torch.manual_seed(0)
+    drafter = AngelSpecMTPDrafter.from_target(target, num_depths=2)
+    drafter.generation_config.num_assistant_tokens_schedule = "constant"
+    assistant = drafter
+    if wrapped == "target":  # random LoRA weights (init_lora_weights=False): the adapted target differs from the base
+        config = peft.LoraConfig(task_type="CAUSAL_LM", target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+        target = peft.get_peft_model(target, config)
+    else:
+        config = peft.LoraConfig(target_modules=drafter.lora_target_modules(), init_lora_weights=False)
+        assistant = peft.get_peft_model(drafter, config)
+    options = dict(max_new_tokens=12, do_sample=False)
+    single = dict(input_ids=torch.tensor([[3, 5, 7, 9, 11]]))
+    batch = dict(
+        input_ids=torch.tensor([[0, 3, 5, 7], [4, 8, 2, 6]]), attention_mask=torch.tensor([[0, 1, 1, 1], [1] * 4])
+    )
+    for inputs in (single, batch):
+        plain = target.generate(**inputs, **options)
+        assert torch.equal(target.generate(**inputs, assistant_model=assistant, **options), plain)
+        assert sum(drafter.speculation_stats.drafted) > 0

@@ -21,14 +21,6 @@ import torch
 import transformers
 from transformers.utils.logging import tqdm  # honours transformers.utils.logging.disable_progress_bar()
 
-from ..arguments import (
-    add_target_arguments,
-    drafter_spec,
-    non_negative_int,
-    positive_int,
-    positive_int_list,
-    schedule_list,
-)
 from ..generation.dcut import load_cost_model
 from ..generation.engine import resident_memory_bytes
 from ..generation.policies import DCut, VerifyPolicy, resolve_policy
@@ -37,67 +29,6 @@ from ..prompts import encode_chat, load_prompts
 
 
 NEAR_TIE_GAP = 1e-3
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_target_arguments(parser)
-    parser.add_argument(
-        "--drafter",
-        action="append",
-        default=[],
-        type=drafter_spec,
-        help="drafter folder; repeat for several; DIR@SCHEDULES runs that drafter with its own schedules (e.g. DIR@dcut,constant-15)",
-    )
-    parser.add_argument("--prompts", default="mt_bench", help="prompt set name or JSONL file (`prompt` or `turns`)")
-    parser.add_argument("--data-dir", default=None, help="local prompt folder (default ../shared/data)")
-    parser.add_argument("--limit", type=positive_int, default=None, help="first N prompts")
-    parser.add_argument("--max-new-tokens", type=positive_int, default=128)
-    parser.add_argument(
-        "--num-draft-tokens", type=positive_int, default=None, help="override each drafter's most tokens per round"
-    )
-    parser.add_argument(
-        "--schedules",
-        default="dcut",
-        type=schedule_list,
-        help="comma-separated verify-depth schedules to run each drafter with: dcut (adaptive, default), "
-        "constant-K (verify K drafted tokens, e.g. constant-1,constant-3), heuristic (transformers' rule)",
-    )
-    parser.add_argument(
-        "--full-vocab-variant",
-        action="store_true",
-        help="also run each reduced-vocabulary drafter with the target's full lm_head (what the reduced head saves)",
-    )
-    parser.add_argument(
-        "--concurrency",
-        default=None,
-        type=positive_int_list,
-        help="comma-separated request concurrencies (e.g. 1,4,8,16,32,64): benchmark the batched engine instead, "
-        "batched AR vs each drafter with each policy (dcut, constant-K) at each concurrency",
-    )
-    parser.add_argument(
-        "--min-requests", type=positive_int, default=8, help="engine benchmark: requests per concurrency at least"
-    )
-    parser.add_argument(
-        "--prompt-lookup",
-        type=non_negative_int,
-        default=0,
-        help="also run transformers' prompt lookup decoding with this many tokens per round (0: off)",
-    )
-    parser.add_argument(
-        "--early-exit-assistant",
-        type=non_negative_int,
-        default=0,
-        help="also run transformers' assisted generation (heuristic schedule) with an assistant made of the target's "
-        "first N layers (0: off)",
-    )
-    parser.add_argument(
-        "--repeats",
-        type=positive_int,
-        default=1,
-        help="time each generation (engine: each run, taking turns) this many times and report the median",
-    )
-    parser.add_argument("--output", default=None, help="write results as JSON here")
-    parser.add_argument("--markdown", action="store_true", help="also print the results as a Markdown table")
 
 
 @dataclass
@@ -460,16 +391,8 @@ def assisted_heuristic_method(target, num_layers: int) -> Method:
     return Method(f"assisted-heuristic:early-exit-{num_layers}of{total}", {"assistant_model": assistant})
 
 
-def load_drafter(path: str, target):
-    """A drafter folder loaded and bound to `target` (ValueError naming the mismatch if it belongs elsewhere)."""
-    from transformers import AutoModel
-
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"Drafter folder not found: {path}")
-    return AutoModel.from_pretrained(path).eval().bind_target(target.model, target.tokenizer)
-
-
 def main(args: argparse.Namespace) -> dict:
+    from ..hub import load_drafter
     from ..targets import load_target
 
     target = load_target(args.target, dtype=args.dtype, device=args.device)
@@ -481,7 +404,7 @@ def main(args: argparse.Namespace) -> dict:
     for spec in args.drafter:
         path, _, own_schedules = spec.partition("@")
         try:
-            drafter = load_drafter(path, target)
+            drafter = load_drafter(path, target.model, target.tokenizer)
         except (OSError, ValueError) as error:  # reported as a failed method; the others still run
             methods.append(Method(os.path.basename(os.path.normpath(path)), error=f"{type(error).__name__}: {error}"))
             continue

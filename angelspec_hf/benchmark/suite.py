@@ -17,12 +17,11 @@ import os
 import statistics
 from dataclasses import dataclass
 
-from ..arguments import add_target_arguments, positive_int
+from ..hub import load_drafter
 from .bench import (
     Method,
     assisted_heuristic_method,
     drafter_methods,
-    load_drafter,
     machine_state,
     markdown_table,
     method_row,
@@ -118,7 +117,7 @@ def suite_methods(target, drafters_dir: str) -> tuple[list[Method], dict]:
     for kind, card in DRAFTER_CARDS.items():
         path = os.path.join(drafters_dir, card)
         try:
-            drafter = load_drafter(path, target)
+            drafter = load_drafter(path, target.model, target.tokenizer)
         except (OSError, ValueError) as error:
             methods.append(Method(f"{kind}:{card}", error=f"{type(error).__name__}: {error}"))
             continue
@@ -415,26 +414,3 @@ def main(args) -> dict:
         for path in update_model_cards(report, args.drafters_dir):
             print(f"model card updated: {path}")
     return report
-
-
-def add_arguments(parser) -> None:
-    add_target_arguments(parser)
-    parser.add_argument("--quick", action="store_true", help="a small slice (one prompt per domain, short outputs)")
-    parser.add_argument("--drafters-dir", default="model_cards", help="folder holding the drafter model cards")
-    parser.add_argument("--data-dir", default=None, help="local prompt folder (default ../shared/data)")
-    parser.add_argument(
-        "--prompts-per-domain", type=positive_int, default=None, help="override the size's prompts per domain"
-    )
-    parser.add_argument(
-        "--max-new-tokens", type=positive_int, default=None, help="override the size's new tokens per prompt"
-    )
-    parser.add_argument(
-        "--repeats", type=positive_int, default=None, help="time each generation this many times (median)"
-    )
-    parser.add_argument("--output-dir", default="benchmarks/latest", help="results.json and the PNG plots")
-    parser.add_argument("--benchmarks-md", default=None, help="write the Markdown report here (e.g. BENCHMARKS.md)")
-    parser.add_argument(
-        "--update-model-cards",
-        action="store_true",
-        help="rewrite the suite section of each drafter's model card README from this run",
-    )

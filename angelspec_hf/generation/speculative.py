@@ -33,12 +33,23 @@ _BATCHED_PROCESSORS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarp
 _BATCHED_CRITERIA = (MaxLengthCriteria, EosTokenCriteria)
 
 
+def as_drafter(assistant_model) -> AngelSpecDrafterPreTrainedModel | None:
+    """The AngelSpec drafter `assistant_model` is or wraps (a peft `PeftModel`, whose LoRA layers sit inside the
+    drafter's own modules, so the drafter itself drafts with them), else None."""
+    if isinstance(assistant_model, AngelSpecDrafterPreTrainedModel):
+        return assistant_model
+    base_model = getattr(assistant_model, "get_base_model", None)
+    if callable(base_model) and isinstance(base_model(), AngelSpecDrafterPreTrainedModel):
+        return base_model()
+    return None
+
+
 @functools.wraps(_ORIGINAL_GET_CANDIDATE_GENERATOR)
 def _get_candidate_generator(self, *args, **kwargs):
     arguments = _SIGNATURE.bind(self, *args, **kwargs).arguments
-    drafter = arguments.get("assistant_model")
+    drafter = as_drafter(arguments.get("assistant_model"))
     generation_config = arguments["generation_config"]
-    if isinstance(drafter, AngelSpecDrafterPreTrainedModel) and generation_config.speculation_type != "dflash":
+    if drafter is not None and generation_config.speculation_type != "dflash":
         return AngelSpecCandidateGenerator(
             self, drafter, generation_config, arguments["input_ids"], tokenizer=arguments.get("target_tokenizer")
         )
@@ -48,13 +59,13 @@ def _get_candidate_generator(self, *args, **kwargs):
 @functools.wraps(_ORIGINAL_ASSISTED_DECODING)
 def _assisted_decoding(self, *args, **kwargs):
     arguments = _ASSISTED_SIGNATURE.bind(self, *args, **kwargs).arguments
-    drafter, input_ids = arguments.get("assistant_model"), arguments["input_ids"]
-    if isinstance(drafter, AngelSpecDrafterPreTrainedModel) and input_ids.shape[0] > 1:
+    drafter, input_ids = as_drafter(arguments.get("assistant_model")), arguments["input_ids"]
+    if drafter is not None and input_ids.shape[0] > 1:
         return batched_speculative_decoding(
             self, drafter, **{k: v for k, v in arguments.items() if k not in ("self", "assistant_model")}
         )
     result = _ORIGINAL_ASSISTED_DECODING(self, *args, **kwargs)
-    if isinstance(drafter, AngelSpecDrafterPreTrainedModel):  # the batched engine tells the drafter itself
+    if drafter is not None:  # the batched engine tells the drafter itself
         sequences = result if isinstance(result, torch.Tensor) else result.sequences
         drafter.record_output(sequences[0, input_ids.shape[1] :].tolist())
     return result

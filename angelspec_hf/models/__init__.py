@@ -1,8 +1,7 @@
-"""Drafter families. Each registers with the transformers Auto classes, so `AutoModel.from_pretrained(dir)` loads it."""
+"""Drafter families, by model type in `DRAFTER_CLASSES` (which `registration.py` registers with the transformers Auto
+classes, so `AutoModel.from_pretrained(dir)` loads each)."""
 
-import transformers
-from transformers import AutoConfig, AutoModel
-
+from ..registration import register_drafters
 from .base import AngelSpecDrafterConfig, AngelSpecDrafterPreTrainedModel
 from .dfly import DFlyConfig, DFlyDrafter
 from .mtp import AngelSpecMTPConfig, AngelSpecMTPDrafter
@@ -12,13 +11,7 @@ from .suffix import SuffixDrafter, SuffixDrafterConfig
 
 
 DRAFTER_CLASSES = {**MEMBER_CLASSES, RouterDrafterConfig.model_type: (RouterDrafterConfig, RouterDrafter)}
-
-for _config_class, _model_class in DRAFTER_CLASSES.values():
-    AutoConfig.register(_config_class.model_type, _config_class, exist_ok=True)
-    AutoModel.register(_config_class, _model_class, exist_ok=True)
-    # Pipelines load `assistant_model="<path or id>"` by the class its config's `architectures` names in the
-    # transformers namespace (pipelines.base.load_model); there the drafters' names resolve to their classes.
-    setattr(transformers, _model_class.__name__, _model_class)
+register_drafters()  # with the classes imported, at once
 
 __all__ = [
     "AngelSpecDrafterConfig",

@@ -262,6 +262,22 @@ class AngelSpecDrafterConfig(PretrainedConfig):
         return layer_config
 
 
+# The package modules every drafter's remote code carries beside its own files: with them, a drafter loaded by
+# `AutoModel.from_pretrained(dir, trust_remote_code=True)` where this package is not installed drafts in
+# `generate(assistant_model=...)` (speculative.install), one sequence or a batch, with D-cut.
+REMOTE_CODE_HELPERS = (
+    "targets.py",
+    "cache_utils.py",
+    "hub.py",
+    "metrics.py",
+    "generation/speculative.py",
+    "generation/candidate_generator.py",
+    "generation/engine.py",
+    "generation/policies.py",
+    "generation/dcut.py",
+)
+
+
 class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
     """Base class: binding to the target's frozen embedding and lm_head, and the (reduced) draft vocabulary head."""
 
@@ -277,6 +293,9 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
                 f"(`{type(self).__name__}.from_target(target, ...)` records it)"
             )
         super().__init__(config)
+        from .speculative import install  # here, not at import: the generation modules import this one
+
+        install()  # a drafter, however loaded (this package or its remote code), is routed by generate()
         if config.draft_vocab_size:
             # EAGLE-3-style reduced vocabulary: own small head over the most frequent target tokens.
             self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
@@ -292,8 +311,7 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         self.generation_config = GenerationConfig(
             num_assistant_tokens=self.default_num_draft_tokens(), num_assistant_tokens_schedule="dcut"
         )
-        # Set by decoding, read by users and benchmarks (typed in words: the remote-code copy of this file ships
-        # without the generation modules): D-cut's `DrafterEstimates` (calibrator, confidence by depth, read cost),
+        # Set by decoding, read by users and benchmarks: D-cut's `DrafterEstimates` (calibrator, confidence by depth, read cost),
         # kept across decoding runs so that each starts from them (`generation.policies.DCut`), and the last call's
         # `SpeculationStats`.
         self.dcut_estimates = None
@@ -410,6 +428,11 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         for layer in self.draft_layers():
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()
+
+    def lora_target_modules(self) -> list[str]:
+        """The drafter's own linear layers but its draft-vocabulary head, for `peft.LoraConfig(target_modules=...)`
+        (the target's embedding and lm_head are borrowed, not modules of the drafter): domain adaptation with LoRA."""
+        return [name for name, module in self.named_modules() if isinstance(module, nn.Linear) and name != "lm_head"]
 
     def new_draft_state(self, batch_size: int = 1) -> DraftState:
         return DraftState(cache=RaggedCache(batch_size, self.device))
@@ -619,19 +642,23 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         return [importlib.import_module(type(self).__module__), importlib.import_module(type(self.config).__module__)]
 
     def _write_remote_code(self, directory: str) -> None:
-        """Copy this drafter's configuration/modeling files and their package helpers, flattened into one folder."""
+        """Copy this drafter's configuration/modeling files and their package helpers, flattened into one folder, and
+        the draft-verify entry point as `custom_generate/generate.py` (`generation/hub_generate.py`)."""
         package = os.path.dirname(os.path.abspath(__file__))
         model_module = importlib.import_module(type(self).__module__)
         config_module = importlib.import_module(type(self.config).__module__)
         sources = [module.__file__ for module in self.remote_code_modules()] + [__file__]
-        sources += [
-            os.path.join(os.path.dirname(package), helper) for helper in ("targets.py", "cache_utils.py", "hub.py")
-        ]
+        sources += [os.path.join(os.path.dirname(package), helper) for helper in REMOTE_CODE_HELPERS]
         for source in dict.fromkeys(sources):
             with open(source) as handle:  # `from .modeling_mtp import` and `from .base import` alike
                 code = re.sub(r"from \.+(?:\w+\.)*(\w+) import", r"from .\1 import", handle.read())
             with open(os.path.join(directory, os.path.basename(source)), "w") as handle:
                 handle.write(code)
+        os.makedirs(os.path.join(directory, "custom_generate"), exist_ok=True)
+        shutil.copyfile(
+            os.path.join(os.path.dirname(package), "generation", "hub_generate.py"),
+            os.path.join(directory, "custom_generate", "generate.py"),
+        )
         config_path = os.path.join(directory, "config.json")
         with open(config_path) as handle:
             config = json.load(handle)

@@ -1,9 +1,10 @@
 """Drafters on the Hub: a model card made with huggingface_hub's `ModelCard` from the drafter's config and its benchmark
-results, and an upload that carries everything a drafter folder holds (weights, config, generation config, remote
-code, the target's tokenizer when bound, card)."""
+results, an upload that carries everything a drafter folder holds (weights, config, generation config, remote code,
+the target's tokenizer when bound, card), and loading a drafter by folder, shipped name or Hub id."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import tempfile
@@ -118,3 +119,57 @@ def upload_drafter(
             revision=revision,
             create_pr=create_pr,
         )
+
+
+# The drafters a normal install carries (setup.cfg's data_files put them under <prefix>/share/angelspec_hf); the
+# ablations (mtp-no-ttt, dflash) stay in the repository's model_cards/, to keep the wheel small.
+SHIPPED_DRAFTERS = (
+    "smollm2-135m-instruct-mtp",
+    "smollm2-135m-instruct-dfly",
+    "smollm2-135m-instruct-suffix",
+    "smollm2-135m-instruct-router",
+)
+PACKAGED_CARDS = "share/angelspec_hf/model_cards"
+
+
+def shipped_drafter_path(name: str) -> str | None:
+    """The folder of the card `name`: the repository's `model_cards/<name>` in a source checkout (an editable
+    install), else the copy a normal install put under `<prefix>/share/angelspec_hf/model_cards`; None if neither."""
+    checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model_cards", name)
+    if os.path.isfile(os.path.join(checkout, "config.json")):
+        return checkout
+    try:
+        distribution = importlib.metadata.distribution("angelspec_hf")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in distribution.files or ():
+        if file.as_posix().endswith(f"{PACKAGED_CARDS}/{name}/config.json"):
+            return os.path.dirname(str(distribution.locate_file(file)))
+    return None
+
+
+def load_drafter(name_or_path: str, target=None, tokenizer=None, **kwargs):
+    """A drafter by folder, by the name of a shipped card (`load_drafter("smollm2-135m-instruct-mtp")`) or by Hub
+    id, in eval mode, bound to `target` (and its `tokenizer`) when given; a peft LoRA adapter folder gives the
+    `PeftModel` on the drafter it names as its base. `kwargs` go to `AutoModel.from_pretrained`."""
+    from transformers import AutoModel
+
+    path = str(name_or_path)
+    if not os.path.isdir(path):
+        path = shipped_drafter_path(path) or path
+    if not os.path.isdir(path) and len(path.split("/")) != 2:
+        raise FileNotFoundError(
+            f"Drafter {name_or_path!r} is not a folder, a shipped drafter ({', '.join(SHIPPED_DRAFTERS)}) or a Hub id"
+        )
+    if os.path.isfile(os.path.join(path, "adapter_config.json")) and not os.path.isfile(
+        os.path.join(path, "config.json")
+    ):
+        from peft import PeftConfig, PeftModel  # a LoRA adapter, onto the drafter it was trained from
+
+        base = load_drafter(PeftConfig.from_pretrained(path).base_model_name_or_path, **kwargs)
+        drafter = PeftModel.from_pretrained(base, path).eval()
+    else:
+        drafter = AutoModel.from_pretrained(path, **kwargs).eval()
+    if target is not None:
+        drafter.bind_target(target, tokenizer)
+    return drafter

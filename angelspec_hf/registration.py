@@ -1,0 +1,111 @@
+"""The drafters in transformers' Auto classes, without making `import angelspec_hf` import torch.
+
+Registering a class with `AutoConfig` / `AutoModel` needs the class, and the classes need torch and transformers'
+modeling code (seconds to import), while `angelspec --help` should answer at once. transformers has no lazy registry
+for third-party model types (its `CONFIG_MAPPING_NAMES` names only its own modules), so `import angelspec_hf` makes
+the table of registered model types in `AutoConfig`'s mapping register the drafters just before its first lookup:
+right away if transformers' Auto classes are loaded, else as soon as `configuration_auto` has run (a one-shot import
+hook). A lookup happens when a checkpoint is loaded (`AutoConfig` / `AutoModel.from_pretrained`, `pipeline`), never
+while modules import, so `import angelspec_hf` and `AutoModel.from_pretrained(drafter_folder)` work in either order.
+Importing the drafter classes themselves (`angelspec_hf.models`) registers them at once.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+
+
+CONFIG_AUTO = "transformers.models.auto.configuration_auto"
+_registered = False
+
+
+def register_drafters() -> None:
+    """Each drafter family with `AutoConfig` / `AutoModel`, and by name in the `transformers` namespace, where
+    `pipeline(..., assistant_model="<path or id>")` resolves a checkpoint's `architectures` (idempotent)."""
+    global _registered
+    models = sys.modules.get(f"{__package__}.models")
+    if _registered or (models is not None and not hasattr(models, "DRAFTER_CLASSES")):
+        return  # done, or the drafter classes are being imported: `models/__init__.py` registers when it ends
+    _registered = True  # also while registering: the lookups it makes itself do not start it again
+    try:
+        # Its first import re-runs transformers/__init__.py (`direct_transformers_import`), which puts a new module
+        # object in sys.modules["transformers"]: done before the names are set, so that they stay.
+        import transformers.processing_utils  # noqa: F401
+        from transformers import AutoConfig, AutoModel
+
+        from .models import DRAFTER_CLASSES
+
+        for config_class, model_class in DRAFTER_CLASSES.values():
+            AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+            AutoModel.register(config_class, model_class, exist_ok=True)
+            setattr(sys.modules["transformers"], model_class.__name__, model_class)
+    except BaseException:
+        _registered = False
+        raise
+
+
+class _RegisterBeforeLookup(dict):
+    """`CONFIG_MAPPING._extra_content` (the model types registered beside transformers' own): every read registers
+    the drafters first."""
+
+    def _read(self):
+        register_drafters()
+        return self
+
+    def __contains__(self, key):
+        return dict.__contains__(self._read(), key)
+
+    def __getitem__(self, key):
+        return dict.__getitem__(self._read(), key)
+
+    def __iter__(self):
+        return dict.__iter__(self._read())
+
+    def get(self, key, default=None):
+        return dict.get(self._read(), key, default)
+
+    def keys(self):
+        return dict.keys(self._read())
+
+    def values(self):
+        return dict.values(self._read())
+
+    def items(self):
+        return dict.items(self._read())
+
+
+def _register_before_lookup(configuration_auto) -> None:
+    mapping = configuration_auto.CONFIG_MAPPING
+    if not isinstance(mapping._extra_content, _RegisterBeforeLookup):
+        mapping._extra_content = _RegisterBeforeLookup(mapping._extra_content)
+
+
+class _HookConfigurationAuto(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: for `configuration_auto` it returns the module's own spec, with a loader that, once the
+    module has run, arms its mapping (`_RegisterBeforeLookup`) and removes this hook."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != CONFIG_AUTO:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        run_module = spec.loader.exec_module
+
+        def exec_module(module):
+            run_module(module)
+            sys.meta_path[:] = [finder for finder in sys.meta_path if finder is not self]
+            _register_before_lookup(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def register_on_first_lookup() -> None:
+    """Arm `AutoConfig`'s mapping now if transformers' Auto classes are loaded, else when they load."""
+    if CONFIG_AUTO in sys.modules:
+        _register_before_lookup(sys.modules[CONFIG_AUTO])
+    elif not any(isinstance(finder, _HookConfigurationAuto) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _HookConfigurationAuto())

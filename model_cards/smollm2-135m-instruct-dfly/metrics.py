@@ -1,0 +1,115 @@
+"""Acceptance metrics of speculative decoding, shared by generation, the Trainer callback and the benchmark.
+
+τ (mean acceptance length) is tokens produced per target forward, the bonus token included, so plain decoding has
+τ = 1. Acceptance at depth k is the rate at which the k-th draft token is accepted when it was drafted and every
+earlier one was accepted (the per-position acceptance of EAGLE and Spec-Bench).
+
+`SpeculationStats` records rounds as they happen; `SpeculativeAcceptance` is the same computation as an `evaluate`
+metric (one example per round), for code that collects predictions the `evaluate` way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import datasets
+import evaluate
+
+
+@dataclass
+class SpeculationStats:
+    """Per-round record of drafted and accepted token counts, and drafting time, in total and by phase: the first
+    draft token (the drafter reading the verified tokens, plus its first step: MTP's depth 1, DFly's block
+    backbone and first head call) and the further sequential steps (MTP depths, DFly's AR head). Add two stats to
+    pool them."""
+
+    drafted: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    draft_seconds: float = 0.0
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+
+    def add_drafting_time(self, drafting) -> None:
+        """Add a finished drafting round's time (a `DraftRound`), split into the first token and the further ones."""
+        first = min(drafting.first_step_seconds(), drafting.seconds)
+        self.draft_seconds += drafting.seconds
+        for name, seconds in (("draft_first_token", first), ("draft_further_tokens", drafting.seconds - first)):
+            self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + seconds
+
+    def record_round(self, drafted: int, accepted: int) -> None:
+        self.drafted.append(drafted)
+        self.accepted.append(accepted)
+
+    def __add__(self, other: "SpeculationStats") -> "SpeculationStats":
+        phases = dict(self.phase_seconds)
+        for name, seconds in other.phase_seconds.items():
+            phases[name] = phases.get(name, 0.0) + seconds
+        return SpeculationStats(
+            self.drafted + other.drafted,
+            self.accepted + other.accepted,
+            self.draft_seconds + other.draft_seconds,
+            phases,
+        )
+
+    @property
+    def target_forwards(self) -> int:
+        return len(self.drafted)
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.accepted) + len(self.accepted)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per target forward, bonus included."""
+        return self.tokens / self.target_forwards if self.drafted else 0.0
+
+    def acceptance_by_depth(self) -> list[float]:
+        """Acceptance rate of draft position k (1-based), given positions 1..k-1 were accepted."""
+        rates = []
+        for depth in range(1, max(self.drafted, default=0) + 1):
+            tried = sum(1 for d, a in zip(self.drafted, self.accepted) if d >= depth and a >= depth - 1)
+            passed = sum(1 for d, a in zip(self.drafted, self.accepted) if d >= depth and a >= depth)
+            rates.append(passed / tried if tried else 0.0)
+        return rates
+
+    def summary(self) -> dict:
+        return {
+            "tau": self.tau,
+            "acceptance_by_depth": self.acceptance_by_depth(),
+            "target_forwards": self.target_forwards,
+            "tokens": self.tokens,
+            "draft_seconds": self.draft_seconds,
+        }
+
+
+class SpeculativeAcceptance(evaluate.Metric):
+    """`evaluate` metric of speculative decoding: each example is one round, `drafted` tokens verified of which
+    the first `accepted` were accepted. Returns τ, acceptance by draft position, target forwards and tokens.
+
+    >>> result = SpeculativeAcceptance().compute(drafted=[3, 3, 2], accepted=[3, 1, 0])
+    >>> round(result["tau"], 2), result["acceptance_by_depth"]
+    (2.33, [0.6666666666666666, 0.5, 1.0])
+    """
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("keep_in_memory", True)
+        super().__init__(**kwargs)
+
+    def _info(self) -> evaluate.MetricInfo:
+        return evaluate.MetricInfo(
+            description="Mean acceptance length τ and per-position acceptance of speculative decoding rounds.",
+            citation="",
+            inputs_description="drafted: tokens verified in the round; accepted: how many of them were accepted.",
+            features=datasets.Features({"drafted": datasets.Value("int32"), "accepted": datasets.Value("int32")}),
+        )
+
+    def _compute(self, drafted, accepted) -> dict:
+        if any(a > d or a < 0 for d, a in zip(drafted, accepted)):
+            raise ValueError("Each round needs 0 <= accepted <= drafted")
+        stats = SpeculationStats(list(drafted), list(accepted))
+        return {
+            "tau": stats.tau,
+            "acceptance_by_depth": stats.acceptance_by_depth(),
+            "target_forwards": stats.target_forwards,
+            "tokens": stats.tokens,
+        }

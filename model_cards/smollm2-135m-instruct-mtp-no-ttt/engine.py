@@ -1,0 +1,615 @@
+"""Batched speculative decoding with continuous refill and D-cut across requests (AngelSpec §4).
+
+transformers' `generate()` runs speculative decoding one sequence at a time. This engine serves many requests at
+once on plain transformers models and caches, one round at a time:
+
+    admit   waiting requests join while the batch has room (prefilled on their own, then merged in)
+    draft   the drafter reads the tokens verified since it last ran and proposes for every row in one batched
+            call (its cache is ragged like the target's), as many as the verify policy (`policies.py`) asks;
+            skipped when D-cut expects no draft to pay this round
+    cut     the policy picks each row's verified depth: D-cut ranks all drafted tokens of all rows by calibrated
+            confidence and keeps the set that maximises expected tokens per second under this machine's
+            verify-cost profile; `constant` and `heuristic` set a depth per row
+    verify  one target forward over [bonus, kept drafts] of every row, padded to the widest row
+    accept  per row: greedy match or speculative rejection sampling; rejected drafts become masked holes
+    retire  finished rows leave; the cache squeezes its holes out when they waste more than half of it
+
+Rows accept different numbers of tokens each round: `RaggedCache` keeps one cache tensor with a per-row validity
+mask and per-row positions. With no drafter the same loop is batched autoregressive decoding, the baseline.
+Written here because no library in this stack batches speculative decoding: transformers' assisted loop is
+batch-size 1, and servers such as vLLM are outside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from .cache_utils import RaggedCache, pad_pending
+from .metrics import SpeculationStats
+from .dcut import DraftRound
+from .policies import RowState, VerifyPolicy, draft_round, resolve_policy
+
+
+@dataclass
+class Request:
+    """One generation request. `eos_token_id` defaults to the target's; sampling settings are per request."""
+
+    input_ids: list[int]
+    max_new_tokens: int = 128
+    eos_token_id: int | list[int] | None = None
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    request_id: int | str | None = None
+
+
+@dataclass
+class RequestOutput:
+    """What a request produced: new tokens, why it stopped (`eos`, `length` or `error`), and its speculation stats."""
+
+    request_id: int | str | None
+    prompt_ids: list[int]
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+    stats: SpeculationStats = field(default_factory=SpeculationStats)
+
+
+@dataclass
+class EngineStats:
+    """What one `generate()` call cost: wall time, time per phase, peak memory, rounds and batch occupancy."""
+
+    seconds: float = 0.0
+    phase_seconds: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(("prefill", "draft", "verify", "other"), 0.0)
+    )
+    rounds: int = 0
+    generated_tokens: int = 0
+    peak_rows: int = 0
+    peak_cache_bytes: int = 0
+    peak_rss_bytes: int = 0
+    skipped_drafts: int = 0  # rounds in which the policy (D-cut) decided that no draft could pay for its verification
+
+
+@dataclass
+class _Row:
+    """A running request: its output so far, the token to feed next, and the verified positions the drafter has
+    not seen yet (their target hidden states and the token after each)."""
+
+    request: Request
+    output: RequestOutput
+    eos: set[int]
+    processors: LogitsProcessorList
+    generator: torch.Generator | None
+    next_token: int
+    policy_row: RowState | None = None  # what the verify policy keeps for this request
+    pending_hidden: list[tuple[torch.Tensor, ...]] = field(default_factory=list)  # per verify round, per tapped layer
+    pending_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def remaining(self) -> int:
+        return self.request.max_new_tokens - len(self.output.output_ids)
+
+    def emit(self, tokens: list[int]) -> None:
+        """Append generated tokens, stopping at EOS or the length limit."""
+        for token in tokens:
+            self.output.output_ids.append(token)
+            if token in self.eos:
+                self.output.finish_reason = "eos"
+                return
+            if self.remaining <= 0:
+                self.output.finish_reason = "length"
+                return
+
+
+def kv_bytes_per_token(target) -> int:
+    """Bytes of target KV cache one token occupies (keys and values, every layer)."""
+    config = target.config.get_text_config()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * target.dtype.itemsize
+
+
+def available_memory_bytes(device: torch.device) -> int:
+    """Free memory on `device` (CUDA: free device memory; CPU: available system memory)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as handle:
+            fields = dict(line.split(":", 1) for line in handle)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_memory_bytes(device: torch.device) -> int:
+    """Memory in use now: allocated CUDA memory, or this process's resident set on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class SpeculativeEngine:
+    """Serve many requests at once with a drafter (or none: batched AR) on a transformers target.
+
+    Args:
+        target: the target `PreTrainedModel` (decoder-only, full attention).
+        drafter: an AngelSpec drafter bound to (or trained for) `target`, or `None` for batched autoregressive decoding.
+        policy: the verify policy (`policies.py`): a `VerifyPolicy`, a label (`"dcut"`, `"heuristic"`,
+            `"constant-K"`), or None for the drafter's generation config, as `generate()` reads it (D-cut by default).
+        max_batch_size: most requests decoded together; more are queued and join as others finish.
+        memory_budget_bytes: most bytes the target KV cache may hold (default: half of the free memory at start);
+            requests wait in the queue while admitting them would exceed it.
+        cost_model: D-cut's verify-cost profile (default: this machine's, profiled and cached on first use).
+    """
+
+    def __init__(
+        self,
+        target,
+        drafter=None,
+        policy: VerifyPolicy | str | None = None,
+        max_batch_size: int = 16,
+        memory_budget_bytes: int | None = None,
+        cost_model=None,
+        tokenizer=None,
+    ):
+        if not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
+        if memory_budget_bytes is not None and memory_budget_bytes <= 0:
+            raise ValueError(
+                f"memory_budget_bytes must be positive (None: half the free memory), got {memory_budget_bytes}"
+            )
+        self.target = target
+        self.drafter = drafter
+        self.max_batch_size = max_batch_size
+        self.device = target.device
+        self.bytes_per_token = kv_bytes_per_token(target)
+        self.memory_budget_bytes = (
+            memory_budget_bytes if memory_budget_bytes is not None else available_memory_bytes(self.device) // 2
+        )
+        self.vocab_size = target.config.get_text_config().vocab_size
+        self.context_limit = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+        default_eos = target.generation_config.eos_token_id
+        self.default_eos = (
+            default_eos if isinstance(default_eos, list) else [] if default_eos is None else [default_eos]
+        )
+        self.hidden_indices: list[int] = []
+        self.policy: VerifyPolicy | None = None
+        self.max_draft = 0
+        if drafter is not None:
+            drafter.bind_target(target, tokenizer)
+            self.hidden_indices = drafter.target_hidden_state_indices()
+            self.policy = resolve_policy(policy, drafter, cost_model)
+            self.policy.start(target, drafter, max_rows=max_batch_size)
+            self.max_draft = self.policy.max_draft
+        self.stats = EngineStats()
+        self._submitted = 0
+        self._waiting: deque[tuple[Request, RequestOutput]] = deque()
+        self.rows: list[_Row] = []
+        self.cache = RaggedCache(0, self.device)
+        self.draft_state = self.drafter.new_draft_state(0) if self.drafter is not None else None
+
+    # -- public API -----------------------------------------------------------------------------------------------
+
+    def submit(self, request, **defaults) -> RequestOutput:
+        """Queue one request (a `Request`, or token ids — a list or a tensor — with `defaults` such as
+        `max_new_tokens`) and return its output, which fills in as `step()` runs. A request that cannot be served
+        (token ids outside the vocabulary, bad sampling settings, no room in the context or in memory) comes back
+        finished at once, `finish_reason="error"` with the reason; it never stops the others. The `Request` object is
+        not modified, so one object may be submitted several times (each is served on its own)."""
+        if not isinstance(request, Request):
+            request = Request(input_ids=request, **defaults)
+        self._submitted += 1
+        request_id = request.request_id if request.request_id is not None else self._submitted - 1
+        input_ids, problem = _token_list(request.input_ids, self.vocab_size)
+        output = RequestOutput(request_id, input_ids)
+        request = dataclasses.replace(request, input_ids=input_ids, request_id=request_id)
+        problem = problem or self._problem(request)
+        if problem is not None:
+            output.finish_reason, output.error = "error", f"request {request_id!r} rejected: {problem}"
+            warnings.warn(output.error)
+        else:
+            self._waiting.append((request, output))
+        return output
+
+    def has_unfinished(self) -> bool:
+        """Whether requests are waiting or running."""
+        return bool(self._waiting or self.rows)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """One engine iteration: admit waiting requests, run one draft-verify round over the batch, retire the
+        finished. A failure in one request's own work (its prefill, acceptance or sampling) finishes that request
+        with `finish_reason="error"`; one in the batch's shared forwards cannot be pinned on a request, so it
+        finishes the rows running at that moment (with the error) and the engine goes on with the waiting ones."""
+        self._admit()
+        if self.rows:
+            try:
+                self._round()
+            except Exception as error:  # noqa: BLE001  (reported on every affected request, never swallowed)
+                self._fail_running(error)
+        self._record_memory()
+        self._retire()
+
+    @torch.no_grad()
+    def generate(self, requests, progress: bool = False, **defaults) -> list[RequestOutput]:
+        """Run `requests` (each a `Request`, or token ids with `defaults` such as `max_new_tokens`) to completion;
+        outputs come back in request order (see `submit` for requests that cannot be served)."""
+        self.stats = EngineStats()
+        start = time.perf_counter()
+        outputs = [self.submit(request, **defaults) for request in requests]
+        total = sum(request.max_new_tokens for request, _ in self._waiting)
+        bar, shown = _progress(total, progress), 0
+        while self.has_unfinished():
+            self.step()
+            if bar is not None:  # progress counted only when shown: the loop is the engine's hot path
+                done = sum(len(o.output_ids) for o in outputs)
+                bar.update(done - shown)
+                shown = done
+        if bar is not None:
+            bar.close()
+        self.stats.seconds = time.perf_counter() - start
+        self.stats.generated_tokens = sum(len(o.output_ids) for o in outputs)
+        phases = self.stats.phase_seconds
+        phases["other"] = max(0.0, self.stats.seconds - phases["prefill"] - phases["draft"] - phases["verify"])
+        return outputs
+
+    # -- admission --------------------------------------------------------------------------------------------------
+
+    def _problem(self, request: Request) -> str | None:
+        """Why `request` (token ids already checked) can never be served, or None."""
+        if not _is_int(request.max_new_tokens) or request.max_new_tokens < 1:
+            return f"max_new_tokens must be a positive integer, got {request.max_new_tokens!r}"
+        eos = request.eos_token_id
+        if eos is not None and not all(_is_int(t) for t in _ids(eos)):
+            return f"eos_token_id must be an integer or a list of integers, got {eos!r}"
+        if request.do_sample:
+            sampling_problem = _sampling_problem(request)
+            if sampling_problem is not None:
+                return sampling_problem
+        if request.seed is not None and not isinstance(request.seed, int):
+            return f"seed must be an integer, got {request.seed!r}"
+        length = len(request.input_ids) + request.max_new_tokens
+        if self.context_limit is not None and length > self.context_limit:
+            return (
+                f"prompt ({len(request.input_ids)} tokens) + max_new_tokens ({request.max_new_tokens}) needs {length} "
+                f"positions, beyond the target's context of {self.context_limit}"
+            )
+        need = length + self.max_draft + 1
+        if 2 * need * self.bytes_per_token > self.memory_budget_bytes:
+            return (
+                f"needs about {2 * need * self.bytes_per_token / 2**20:.0f} MiB of KV cache, more than the memory "
+                f"budget of {self.memory_budget_bytes / 2**20:.0f} MiB"
+            )
+        return None
+
+    def _fits(self, request: Request) -> bool:
+        """Would the cache stay within budget with `request` admitted? Every row spans the widest row, and holes
+        may double it before compaction."""
+        rows = self.rows + [None]
+        need = [len(r.request.input_ids) + r.request.max_new_tokens for r in self.rows]
+        need.append(len(request.input_ids) + request.max_new_tokens)
+        width = 2 * (max(need) + self.max_draft + 1)
+        return len(rows) * width * self.bytes_per_token <= self.memory_budget_bytes
+
+    def _admit(self) -> None:
+        """Prefill waiting requests while the batch has room, each on its own, then merge them into the batch."""
+        joined = []
+        while (
+            self._waiting
+            and len(self.rows) < self.max_batch_size
+            and (not self.rows or self._fits(self._waiting[0][0]))
+        ):
+            request, output = self._waiting.popleft()
+            try:
+                row, cache = self._prefill(request, output)
+            except Exception as error:  # noqa: BLE001  (this request alone fails; reported on its output)
+                _fail(output, error)
+                continue
+            if row.output.finish_reason is None:  # else done at its first token
+                joined.append(cache)
+                self.rows.append(row)
+        if joined:
+            self.cache.append_rows(*joined)  # one copy of the batch cache for all who joined this round
+            if self.draft_state is not None:
+                self.draft_state.add_rows(len(joined))
+
+    def _fail_running(self, error: Exception) -> None:
+        """A shared forward failed: every running row finishes with the error; both caches start afresh."""
+        for row in self.rows:
+            _fail(row.output, error)
+        self.rows = []
+        self.cache = RaggedCache(0, self.device)
+        self.draft_state = self.drafter.new_draft_state(0) if self.drafter is not None else None
+
+    def _prefill(self, request: Request, output: RequestOutput):
+        start = time.perf_counter()
+        eos = set(_ids(request.eos_token_id) if request.eos_token_id is not None else self.default_eos)
+        generator = None
+        if request.do_sample:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(request.seed if request.seed is not None else torch.seed())
+        policy_row = self.policy.new_row() if self.policy is not None else None
+        row = _Row(request, output, eos, _processors(request), generator, next_token=-1, policy_row=policy_row)
+        cache = RaggedCache(1, self.device)
+        ids = torch.tensor([request.input_ids], device=self.device)
+        cache.append(torch.ones_like(ids, dtype=torch.bool))
+        out = self.target(
+            input_ids=ids,
+            attention_mask=cache.valid.long(),
+            past_key_values=cache.cache,
+            use_cache=True,
+            output_hidden_states=self.hidden_indices or False,  # only the tapped layers are kept
+            logits_to_keep=1,
+        )
+        token = int(self._sample(row, out.logits[0, -1:].float())[0])
+        row.next_token = token
+        if self.drafter is not None:
+            row.pending_hidden = [tuple(out.hidden_states[i][0] for i in self.hidden_indices)]
+            row.pending_tokens = list(request.input_ids[1:]) + [token]
+        row.emit([token])
+        self.stats.phase_seconds["prefill"] += time.perf_counter() - start
+        return row, cache
+
+    # -- one round ----------------------------------------------------------------------------------------------------
+
+    def _round(self) -> None:
+        self.stats.rounds += 1
+        self.stats.peak_rows = max(self.stats.peak_rows, len(self.rows))
+        drafts, draft_logits, drafting = self._draft()
+        depths = self._depths(drafts, drafting)
+        self._verify(drafts, draft_logits, drafting, depths)
+
+    def _draft(self) -> tuple[torch.LongTensor, torch.Tensor | None, DraftRound | None]:
+        """Every row's drafts [B, K] (target vocabulary), their draft logits and the `DraftRound` that chose them;
+        K = 0 without a drafter, or when the policy skips drafting this round (the verified tokens then wait: the
+        drafter reads them all at once when it next drafts)."""
+        batch = len(self.rows)
+        no_drafts = torch.zeros(batch, 0, dtype=torch.long, device=self.device), None, None
+        if self.drafter is None:
+            return no_drafts
+        budget = max(row.remaining for row in self.rows) - 1
+        width = max(len(row.pending_tokens) for row in self.rows)
+        count = self.policy.draft_count(
+            [row.policy_row for row in self.rows],
+            budget,
+            backlog=width,
+            promised_gain=self.drafter.promised_gain(self.draft_state, [row.pending_tokens for row in self.rows]),
+        )
+        if count == 0:
+            self.stats.skipped_drafts += budget > 0
+            return no_drafts
+        tokens, lengths, hidden = pad_pending(
+            [row.pending_tokens for row in self.rows],
+            [row.pending_hidden for row in self.rows],
+            len(self.hidden_indices),
+            self.device,
+        )
+        draft_ids, logits, drafting = draft_round(
+            self.drafter,
+            self.draft_state,
+            self.policy,
+            [row.policy_row for row in self.rows],
+            hidden,
+            tokens,
+            count,
+            temperatures=torch.tensor(
+                [row.request.temperature if row.request.do_sample else 1.0 for row in self.rows]
+            ),
+            sampled=[row.request.do_sample for row in self.rows],
+            generators=[row.generator for row in self.rows],
+            new_lengths=lengths,
+        )
+        for row in self.rows:
+            row.pending_hidden, row.pending_tokens = [], []
+        self.stats.phase_seconds["draft"] += drafting.seconds
+        return draft_ids, logits, drafting
+
+    def _depths(self, drafts: torch.Tensor, drafting: DraftRound | None) -> list[int]:
+        """Drafted tokens to verify per row, as the policy decides; never past a row's length limit, nor from a step
+        whose draft scores were not finite."""
+        if drafting is None or not drafts.shape[1]:
+            return [0] * len(self.rows)
+        usable = drafting.usable_steps()
+        caps = [max(0, min(drafts.shape[1], row.remaining - 1, usable[r])) for r, row in enumerate(self.rows)]
+        return self.policy.depths(drafting, caps, [row.policy_row for row in self.rows], drafting.seconds)
+
+    def _verify(self, drafts, draft_logits, drafting: DraftRound | None, depths: list[int]) -> None:
+        """One target forward over every row's [next token, kept drafts]; accept per row; update both caches."""
+        start = time.perf_counter()
+        width = 1 + max(depths)
+        chunk = torch.zeros(len(self.rows), width, dtype=torch.long, device=self.device)
+        for r, row in enumerate(self.rows):
+            chunk[r, 0] = row.next_token
+            chunk[r, 1 : 1 + depths[r]] = drafts[r, : depths[r]]
+        positions = self.cache.position_ids(width)
+        self.cache.append(
+            torch.arange(width, device=self.device)[None, :] < torch.tensor(depths, device=self.device)[:, None] + 1
+        )
+        out = self.target(
+            input_ids=chunk,
+            position_ids=positions,
+            attention_mask=self.cache.valid.long(),
+            past_key_values=self.cache.cache,
+            use_cache=True,
+            output_hidden_states=self.hidden_indices or False,  # only the tapped layers are kept
+        )
+        keep = torch.zeros(len(self.rows), width, dtype=torch.bool, device=self.device)
+        observed, accepted_counts = (
+            list(depths),
+            [0] * len(self.rows),
+        )  # what the policy learns from (failed rows: nothing)
+        greedy = out.logits.argmax(-1).tolist()  # the target's choice at every position, one call for all rows
+        for r, row in enumerate(self.rows):
+            depth = depths[r]
+            try:
+                if row.request.do_sample:
+                    q = None
+                    if depth:
+                        q = (
+                            self.drafter.to_target_logits(draft_logits[r, :depth].float()) / row.request.temperature
+                        ).softmax(-1)
+                    accepted, bonus = self._accept_sampled(
+                        row, out.logits[r, : depth + 1].float(), chunk[r, 1 : depth + 1], q
+                    )
+                else:  # drafts are accepted while they equal the target's argmax
+                    drafted = chunk[r, 1 : depth + 1].tolist()
+                    accepted = next((k for k in range(depth) if drafted[k] != greedy[r][k]), depth)
+                    bonus = greedy[r][accepted]
+            except Exception as error:  # noqa: BLE001  (this request alone fails; it leaves the batch at retire)
+                _fail(row.output, error)
+                observed[r] = 0
+                continue
+            accepted_counts[r] = accepted
+            keep[r, : accepted + 1] = True
+            new_tokens = chunk[r, 1 : accepted + 1].tolist() + [bonus]
+            row.output.stats.record_round(drafted=depth, accepted=accepted)
+            row.emit(new_tokens)
+            row.next_token = bonus
+            if self.drafter is not None:  # appended: a round without drafting leaves the earlier ones unread
+                row.pending_hidden.append(tuple(out.hidden_states[i][r, : accepted + 1] for i in self.hidden_indices))
+                row.pending_tokens.extend(new_tokens)
+        self.cache.keep_last(keep)
+        if drafting is not None:
+            self.policy.observe(drafting, observed, accepted_counts, [row.policy_row for row in self.rows])
+            self.drafter.record_acceptance(self.draft_state, observed, accepted_counts)
+        self.stats.phase_seconds["verify"] += time.perf_counter() - start
+
+    def _accept_sampled(
+        self, row: _Row, logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None
+    ) -> tuple[int, int]:
+        """How many of `drafts` the target accepts, and the token it emits after them, by speculative rejection
+        sampling: accept x with probability min(1, p(x)/q(x)); on rejection draw from norm(max(p - q, 0)). The
+        output is distributed exactly as the target's."""
+        p = self._probabilities(row, logits)
+        for k, token in enumerate(drafts.tolist()):
+            ratio = p[k, token] / q[k, token].clamp_min(1e-30)
+            if torch.rand((), generator=row.generator, device=self.device) >= ratio:
+                residual = (p[k] - q[k]).clamp_min(0)
+                total = residual.sum()
+                residual = residual / total if total > 0 else p[k]
+                return k, int(torch.multinomial(residual, 1, generator=row.generator)[0])
+        return len(drafts), int(torch.multinomial(p[len(drafts)], 1, generator=row.generator)[0])
+
+    def _probabilities(self, row: _Row, logits: torch.Tensor) -> torch.Tensor:
+        """The target's sampling distribution at each position after the request's temperature / top-k / top-p."""
+        ids = torch.tensor([row.request.input_ids + row.output.output_ids], device=self.device)
+        return row.processors(ids, logits).softmax(-1)
+
+    def _sample(self, row: _Row, logits: torch.Tensor) -> torch.LongTensor:
+        if not row.request.do_sample:
+            return logits.argmax(-1)
+        return torch.multinomial(self._probabilities(row, logits), 1, generator=row.generator)[:, 0]
+
+    # -- bookkeeping --------------------------------------------------------------------------------------------------
+
+    def _retire(self) -> None:
+        """Finished rows leave the batch (and both caches); holes are squeezed out when they waste half the cache."""
+        keep = [r for r, row in enumerate(self.rows) if row.output.finish_reason is None]
+        if self.drafter is not None:
+            for row in self.rows:
+                if row.output.finish_reason is not None and row.output.error is None:
+                    self.drafter.record_output(row.output.output_ids)
+        if len(keep) < len(self.rows):
+            rows = torch.tensor(keep, dtype=torch.long, device=self.device)
+            self.cache.select_rows(rows)
+            if self.draft_state is not None:
+                self.draft_state.select_rows(rows)
+            self.rows = [self.rows[r] for r in keep]
+        self.cache.compact()
+        if self.draft_state is not None:
+            self.draft_state.compact()
+
+    def _record_memory(self) -> None:
+        held = self.cache.nbytes() + (self.draft_state.nbytes() if self.draft_state is not None else 0)
+        self.stats.peak_cache_bytes = max(self.stats.peak_cache_bytes, held)
+        self.stats.peak_rss_bytes = max(self.stats.peak_rss_bytes, resident_memory_bytes(self.device))
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _ids(ids) -> list:
+    """An int, list, tuple or tensor of token ids as a list."""
+    if isinstance(ids, torch.Tensor):
+        return ids.flatten().tolist()
+    return list(ids) if isinstance(ids, (list, tuple)) else [ids]
+
+
+def _token_list(ids, vocab_size: int) -> tuple[list[int], str | None]:
+    """Token ids given as an int, a list/tuple or a tensor (1-D, or one row) as a list, and what is wrong with them."""
+    if isinstance(ids, torch.Tensor):
+        if ids.dim() > 2 or (ids.dim() == 2 and ids.shape[0] != 1) or ids.is_floating_point() or ids.is_complex():
+            return (
+                [],
+                f"token ids must be integers in a 1-D tensor or a single row, got a {ids.dtype} tensor of shape {tuple(ids.shape)}",
+            )
+    elif not _is_int(ids) and not isinstance(ids, (list, tuple)):
+        return [], f"token ids must be a list or tensor of integers, got {type(ids).__name__}"
+    ids = _ids(ids)
+    bad = next((t for t in ids if not _is_int(t) or not 0 <= t < vocab_size), None)
+    if bad is not None:
+        return [], f"token id {bad!r} is not an integer in the vocabulary [0, {vocab_size})"
+    if not ids:
+        return [], "empty prompt: decoding needs at least one input token"
+    return ids, None
+
+
+def _sampling_problem(request: Request) -> str | None:
+    """What is wrong with a sampling request's settings, or None."""
+    temperature, top_k, top_p = request.temperature, request.top_k, request.top_p
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not 0 < temperature < float("inf")
+    ):
+        return f"temperature must be a positive finite number when sampling, got {temperature!r}"
+    if top_k is not None and (not _is_int(top_k) or top_k < 0):
+        return f"top_k must be a non-negative integer (0 or None: off), got {top_k!r}"
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+        return f"top_p must be in (0, 1], got {top_p!r}"
+    return None
+
+
+def _fail(output: RequestOutput, error: Exception) -> None:
+    """Finish a request with an error that happened while serving it (and warn, so it is never silent)."""
+    output.finish_reason, output.error = (
+        "error",
+        f"request {output.request_id!r} failed: {type(error).__name__}: {error}",
+    )
+    warnings.warn(output.error)
+
+
+def _processors(request: Request) -> LogitsProcessorList:
+    processors = LogitsProcessorList()
+    if request.do_sample:
+        if request.temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(request.temperature))
+        if request.top_k:
+            processors.append(TopKLogitsWarper(request.top_k))
+        if request.top_p is not None and request.top_p < 1.0:
+            processors.append(TopPLogitsWarper(request.top_p))
+    return processors
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from transformers.utils.logging import tqdm  # honours transformers.utils.logging.disable_progress_bar()
+
+    return tqdm(total=total, desc="engine", unit="tok")

@@ -1,0 +1,167 @@
+"""Routing `generate()` to AngelSpec drafters.
+
+`_get_candidate_generator` in transformers is a fixed if/elif chain with no registry, so `install()` wraps it:
+an AngelSpec drafter passed as `assistant_model` gets `AngelSpecCandidateGenerator`; every other call (other
+assistants, prompt lookup, `speculation_type="dflash"`, ...) is delegated unchanged to the original method.
+transformers' assisted loop decodes one sequence at a time, so `install()` also wraps `_assisted_decoding`: a batch
+of more than one sequence with an AngelSpec drafter runs on the batched engine (`engine.py`); everything else is
+delegated unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
+
+from .metrics import SpeculationStats
+from .base import AngelSpecDrafterPreTrainedModel
+from .candidate_generator import AngelSpecCandidateGenerator
+from .engine import Request, SpeculativeEngine
+
+
+_ORIGINAL_GET_CANDIDATE_GENERATOR = GenerationMixin._get_candidate_generator
+_SIGNATURE = inspect.signature(_ORIGINAL_GET_CANDIDATE_GENERATOR)
+_ORIGINAL_ASSISTED_DECODING = GenerationMixin._assisted_decoding
+_ASSISTED_SIGNATURE = inspect.signature(_ORIGINAL_ASSISTED_DECODING)
+# What the batched path reproduces of generate(): sampling warpers, the length limit and EOS.
+_BATCHED_PROCESSORS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+_BATCHED_CRITERIA = (MaxLengthCriteria, EosTokenCriteria)
+
+
+def as_drafter(assistant_model) -> AngelSpecDrafterPreTrainedModel | None:
+    """The AngelSpec drafter `assistant_model` is or wraps (a peft `PeftModel`, whose LoRA layers sit inside the
+    drafter's own modules, so the drafter itself drafts with them), else None."""
+    if isinstance(assistant_model, AngelSpecDrafterPreTrainedModel):
+        return assistant_model
+    base_model = getattr(assistant_model, "get_base_model", None)
+    if callable(base_model) and isinstance(base_model(), AngelSpecDrafterPreTrainedModel):
+        return base_model()
+    return None
+
+
+@functools.wraps(_ORIGINAL_GET_CANDIDATE_GENERATOR)
+def _get_candidate_generator(self, *args, **kwargs):
+    arguments = _SIGNATURE.bind(self, *args, **kwargs).arguments
+    drafter = as_drafter(arguments.get("assistant_model"))
+    generation_config = arguments["generation_config"]
+    if drafter is not None and generation_config.speculation_type != "dflash":
+        return AngelSpecCandidateGenerator(
+            self, drafter, generation_config, arguments["input_ids"], tokenizer=arguments.get("target_tokenizer")
+        )
+    return _ORIGINAL_GET_CANDIDATE_GENERATOR(self, *args, **kwargs)
+
+
+@functools.wraps(_ORIGINAL_ASSISTED_DECODING)
+def _assisted_decoding(self, *args, **kwargs):
+    arguments = _ASSISTED_SIGNATURE.bind(self, *args, **kwargs).arguments
+    drafter, input_ids = as_drafter(arguments.get("assistant_model")), arguments["input_ids"]
+    if drafter is not None and input_ids.shape[0] > 1:
+        return batched_speculative_decoding(
+            self, drafter, **{k: v for k, v in arguments.items() if k not in ("self", "assistant_model")}
+        )
+    result = _ORIGINAL_ASSISTED_DECODING(self, *args, **kwargs)
+    if drafter is not None:  # the batched engine tells the drafter itself
+        sequences = result if isinstance(result, torch.Tensor) else result.sequences
+        drafter.record_output(sequences[0, input_ids.shape[1] :].tolist())
+    return result
+
+
+def batched_speculative_decoding(
+    target,
+    drafter,
+    input_ids,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    streamer=None,
+    tokenizer=None,
+    model_kwargs=None,
+    **_,
+):
+    """`generate(batch, assistant_model=drafter)` for a batch: each row (its padding dropped by `attention_mask`) is
+    a request of `SpeculativeEngine`, with the generation config's length limit, EOS and sampling settings and the
+    drafter's verify policy (its `num_assistant_tokens_schedule`, as for one sequence). Returns the rows, left as given, followed by their
+    new tokens, right-padded with `pad_token_id` as `generate()` does."""
+    model_kwargs = model_kwargs or {}
+    unsupported = [type(p).__name__ for p in logits_processor if not isinstance(p, _BATCHED_PROCESSORS)]
+    unsupported += [type(c).__name__ for c in stopping_criteria if not isinstance(c, _BATCHED_CRITERIA)]
+    unsupported += [
+        name
+        for name in ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
+        if getattr(generation_config, name, False)
+    ]
+    if streamer is not None:
+        unsupported.append("streamer")
+    if unsupported:
+        raise ValueError(
+            f"Batched speculative decoding ({input_ids.shape[0]} sequences) supports greedy and sampling (temperature, "
+            f"top-k, top-p) with max length and EOS; not: {', '.join(unsupported)}. Call generate() once per sequence."
+        )
+    attention_mask = model_kwargs.get("attention_mask")
+    rows = [ids[attention_mask[r].bool()] if attention_mask is not None else ids for r, ids in enumerate(input_ids)]
+    eos = generation_config.eos_token_id
+    requests = [
+        Request(
+            row.tolist(),
+            max_new_tokens=generation_config.max_length - input_ids.shape[1],
+            eos_token_id=eos if eos is not None else [],
+            do_sample=bool(generation_config.do_sample),
+            temperature=generation_config.temperature or 1.0,
+            top_k=generation_config.top_k,
+            top_p=generation_config.top_p,
+            seed=int(torch.randint(2**62, ())),
+        )
+        for row in rows
+    ]
+    engine = SpeculativeEngine(
+        target, drafter, max_batch_size=len(requests), tokenizer=tokenizer
+    )  # the drafter's policy
+    outputs = engine.generate(requests)
+    errors = [output.error for output in outputs if output.error]
+    if errors:
+        raise ValueError("; ".join(errors))
+    pad = generation_config.pad_token_id
+    pad = pad if pad is not None else (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
+    longest = max(len(output.output_ids) for output in outputs)
+    sequences = torch.full(
+        (len(rows), input_ids.shape[1] + longest), pad, dtype=input_ids.dtype, device=input_ids.device
+    )
+    sequences[:, : input_ids.shape[1]] = input_ids
+    for r, output in enumerate(outputs):
+        sequences[r, input_ids.shape[1] : input_ids.shape[1] + len(output.output_ids)] = torch.tensor(
+            output.output_ids
+        )
+    pooled = sum((output.stats for output in outputs), SpeculationStats())
+    pooled.draft_seconds = engine.stats.phase_seconds["draft"]
+    drafter.speculation_stats = pooled
+    if generation_config.return_dict_in_generate:
+        return GenerateDecoderOnlyOutput(sequences=sequences)
+    return sequences
+
+
+def install() -> None:
+    """Route AngelSpec drafters passed to `generate(assistant_model=...)` to our candidate generator, and batches to
+    the batched engine (idempotent)."""
+    GenerationMixin._get_candidate_generator = _get_candidate_generator
+    GenerationMixin._assisted_decoding = _assisted_decoding
+
+
+def speculative_generate(
+    model, input_ids, logits_processor, stopping_criteria, generation_config, drafter=None, **model_kwargs
+):
+    """`custom_generate` entry point: `target.generate(ids, custom_generate=speculative_generate, drafter=drafter)`.
+
+    Runs transformers' own assisted-decoding loop with the drafter, so results equal `assistant_model=drafter`.
+    """
+    if drafter is None:
+        raise ValueError(
+            "speculative_generate needs a drafter: generate(..., custom_generate=speculative_generate, drafter=drafter)"
+        )
+    return model._assisted_decoding(
+        input_ids, logits_processor, stopping_criteria, generation_config, assistant_model=drafter, **model_kwargs
+    )

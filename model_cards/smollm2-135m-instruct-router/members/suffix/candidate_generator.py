@@ -1,0 +1,155 @@
+"""The candidate generator that plugs AngelSpec drafters into `target.generate(assistant_model=drafter)`.
+
+transformers' `_assisted_decoding` owns the draft-verify loop (verification, rejection sampling, cache crop, EOS,
+stopping criteria, streamer); this generator only drafts. It declares `requires_model_outputs`, so every call gets
+the previous target forward, whose hidden states (the indices the drafter asks for, no extra compute) condition
+the next draft.
+
+How many tokens are drafted and verified is the drafter's verify policy (`policies.py`), chosen from its generation
+config as transformers' assistants choose theirs: `num_assistant_tokens_schedule` `"dcut"` (default), `"constant"`
+or `"heuristic"`, with `num_assistant_tokens` the most drafted per round. Unlike transformers' assistants,
+`assistant_confidence_threshold` is not used: D-cut's calibrated prefix confidences take its place.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from transformers.generation.candidate_generator import CandidateGenerator
+from transformers.generation.stopping_criteria import StopStringCriteria
+
+from .metrics import SpeculationStats
+from .policies import draft_round, resolve_policy
+
+
+class AngelSpecCandidateGenerator(CandidateGenerator):
+    """Drafts with an AngelSpec drafter bound to the target, as its verify policy decides.
+
+    Bookkeeping: the target forward of each round starts at the first position without a target hidden state, so
+    the first `len(input_ids) - 1 - num_seen` rows of its hidden states are the newly verified ones. A round the
+    policy skips leaves them pending; the drafter reads them all when it next drafts.
+    """
+
+    requires_model_outputs = True
+
+    def __init__(self, target, drafter, generation_config, input_ids: torch.LongTensor, tokenizer=None):
+        if input_ids.shape[0] != 1:
+            raise ValueError(
+                f"AngelSpecCandidateGenerator decodes one sequence, got a batch of {input_ids.shape[0]}: batches run "
+                "on angelspec_hf.SpeculativeEngine (generate() routes them there after `import angelspec_hf`)."
+            )
+        if input_ids.shape[1] == 0:
+            raise ValueError("Empty prompt: speculative decoding needs at least one input token.")
+        context = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+        if context is not None and generation_config.max_length > context:
+            raise ValueError(
+                f"Prompt ({input_ids.shape[1]} tokens) plus max_new_tokens needs {generation_config.max_length} "
+                f"positions, beyond the target's context of {context}."
+            )
+        drafter.bind_target(target, tokenizer)
+        self.drafter = drafter
+        self.hidden_indices = drafter.target_hidden_state_indices()
+        self.model_kwargs_overrides = {"output_hidden_states": self.hidden_indices or False}
+        self.policy = resolve_policy(None, drafter)
+        self.policy.start(target, drafter, max_rows=1)
+        self.row = self.policy.new_row()
+        self.max_length = generation_config.max_length
+        self.do_sample = generation_config.do_sample
+        self.temperature = (generation_config.temperature or 1.0) if self.do_sample else 1.0
+        self.stop_strings = (
+            StopStringCriteria(tokenizer, generation_config.stop_strings)
+            if generation_config.stop_strings and tokenizer is not None
+            else None
+        )
+        self.may_draft = True
+        if self.do_sample and self.stop_strings is not None:
+            # Cutting before a stop string reads the drafted token, which rejection sampling cannot allow, and nearly
+            # any token may complete a stop string: sampling with stop strings decodes without drafts, losslessly.
+            warnings.warn(
+                "Sampling with stop_strings: speculative decoding would have to cut drafts by the tokens drawn, which "
+                "biases the output; this call decodes without drafts.",
+                UserWarning,
+                stacklevel=2,
+            )
+            self.may_draft = False
+        self.state = drafter.new_draft_state()
+        self.num_seen = 0
+        self.pending_hidden: tuple[torch.Tensor, ...] = ()
+        self.pending_tokens = input_ids[:, :0]
+        self.drafting = None  # this round's `DraftRound`, None when it drafted nothing
+        self.num_drafted = 0
+        self.stats = SpeculationStats()
+        drafter.speculation_stats = self.stats
+
+    def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, **kwargs):
+        if is_first_iteration:  # let the target prefill first: its hidden states condition the first draft
+            return input_ids, None
+        length = input_ids.shape[1]
+        num_new = length - 1 - self.num_seen
+        new_hidden = tuple(model_outputs.hidden_states[i][:, :num_new] for i in self.hidden_indices)
+        if self.pending_hidden:  # rounds without drafts left these unread
+            new_hidden = tuple(torch.cat([old, new], 1) for old, new in zip(self.pending_hidden, new_hidden))
+        self.pending_hidden = new_hidden
+        self.pending_tokens = torch.cat([self.pending_tokens, input_ids[:, self.num_seen + 1 :]], 1)
+        self.num_seen = length - 1
+        budget = self.max_length - length - 1
+        count = (
+            self.policy.draft_count(
+                [self.row],
+                budget,
+                backlog=self.pending_tokens.shape[1],
+                promised_gain=self.drafter.promised_gain(self.state, self.pending_tokens.tolist()),
+            )
+            if self.may_draft
+            else 0
+        )
+        self.drafting, self.num_drafted = None, 0
+        if count == 0:
+            return input_ids, None
+        temperatures = torch.tensor([self.temperature])
+        draft_ids, draft_logits, self.drafting = draft_round(
+            self.drafter,
+            self.state,
+            self.policy,
+            [self.row],
+            self.pending_hidden,
+            self.pending_tokens,
+            count,
+            temperatures,
+            sampled=[self.do_sample],
+        )
+        self.pending_hidden, self.pending_tokens = (), self.pending_tokens[:, :0]
+        draft_ids = draft_ids[:, : self.drafting.usable_steps()[0]]  # a broken drafter's non-finite scores: no draft
+        draft_ids = self.cut_before_stop_string(input_ids, draft_ids)
+        (self.num_drafted,) = self.policy.depths(
+            self.drafting, [draft_ids.shape[1]], [self.row], self.drafting.seconds
+        )
+        self.stats.add_drafting_time(self.drafting)
+        candidates = torch.cat([input_ids, draft_ids[:, : self.num_drafted]], dim=1)
+        if not self.do_sample or self.num_drafted == 0:
+            return candidates, None
+        return candidates, self.drafter.to_target_logits(
+            draft_logits[:, : self.num_drafted].float() / self.temperature
+        )
+
+    def cut_before_stop_string(self, input_ids: torch.LongTensor, draft_ids: torch.LongTensor) -> torch.LongTensor:
+        """Drop drafts from the first one that would complete a stop string.
+
+        transformers' loop checks stopping criteria only at the end of a round, so a stop string completed inside
+        the accepted drafts would be overrun. Cut here, the completing token can only be the round's bonus token,
+        the last one, where the loop stops exactly as plain decoding does.
+        """
+        if self.stop_strings is None:
+            return draft_ids
+        for count in range(draft_ids.shape[1]):
+            if self.stop_strings(torch.cat([input_ids, draft_ids[:, : count + 1]], dim=1), None).any():
+                return draft_ids[:, :count]
+        return draft_ids
+
+    def update_candidate_strategy(self, input_ids, scores, num_matches):
+        num_matches = int(num_matches)
+        self.stats.record_round(drafted=self.num_drafted, accepted=num_matches)
+        if self.drafting is not None:
+            self.policy.observe(self.drafting, [self.num_drafted], [num_matches], [self.row])
+            self.drafter.record_acceptance(self.state, [self.num_drafted], [num_matches])
