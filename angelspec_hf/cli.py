@@ -11,6 +11,7 @@ import sys
 
 from . import __version__
 from .arguments import (
+    TARGET_DTYPES,
     add_bench_arguments,
     add_suite_arguments,
     add_target_arguments,
@@ -359,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--output", required=True, help="folder for model.safetensors and config.json")
     export.add_argument(
         "--dtype",
-        choices=["float32", "bfloat16", "float16"],
+        choices=TARGET_DTYPES,
         default=None,
         help="tensor dtype (default: the drafter's)",
     )

@@ -25,8 +25,10 @@ from safetensors.torch import save_file
 
 def dflash_tensors(drafter) -> dict[str, torch.Tensor]:
     """The DFlash layout's tensors, from a DFly drafter in its DFlash configuration (see the module docstring)."""
+    from .models.dfly import DFlyConfig
+
     config = drafter.config
-    if getattr(config, "model_type", None) != "angelspec_dfly" or config.per_layer_context_mix or config.ar_head:
+    if not isinstance(config, DFlyConfig) or config.per_layer_context_mix or config.ar_head:
         raise ValueError(
             "Only a DFly drafter in its DFlash configuration (per_layer_context_mix=False, ar_head=False) has the "
             "DFlash layout; the hybrid conditioning and the AR head have no place in it"

@@ -38,10 +38,9 @@ def as_drafter(assistant_model) -> AngelSpecDrafterPreTrainedModel | None:
     drafter's own modules, so the drafter itself drafts with them), else None."""
     if isinstance(assistant_model, AngelSpecDrafterPreTrainedModel):
         return assistant_model
-    base_model = getattr(assistant_model, "get_base_model", None)
-    if callable(base_model) and isinstance(base_model(), AngelSpecDrafterPreTrainedModel):
-        return base_model()
-    return None
+    get_base_model = getattr(assistant_model, "get_base_model", None)
+    base_model = get_base_model() if callable(get_base_model) else None
+    return base_model if isinstance(base_model, AngelSpecDrafterPreTrainedModel) else None
 
 
 @functools.wraps(_ORIGINAL_GET_CANDIDATE_GENERATOR)

@@ -311,9 +311,9 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         self.generation_config = GenerationConfig(
             num_assistant_tokens=self.default_num_draft_tokens(), num_assistant_tokens_schedule="dcut"
         )
-        # Set by decoding, read by users and benchmarks: D-cut's `DrafterEstimates` (calibrator, confidence by depth, read cost),
-        # kept across decoding runs so that each starts from them (`generation.policies.DCut`), and the last call's
-        # `SpeculationStats`.
+        # Set by decoding, read by users and benchmarks: D-cut's `DrafterEstimates` (calibrator, confidence by
+        # depth, read cost), kept across decoding runs so that each starts from them (`generation.policies.DCut`),
+        # and the last call's `SpeculationStats`.
         self.dcut_estimates = None
         self.speculation_stats = None
         # The verify-cost profile, set when decoding starts for a drafter that prices its own drafting
