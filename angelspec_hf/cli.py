@@ -354,9 +354,13 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("--output", default=None, help="JSON file of the metrics")
     estimate.set_defaults(func=_estimate)
 
-    export = add_command("export", help="a trained drafter in the checkpoint layout SGLang / vLLM load (DFlash)")
+    export = add_command(
+        "export", help="a trained drafter in the checkpoint layout SGLang / vLLM load (DFlash or EAGLE-3)"
+    )
     export.add_argument("--drafter", required=True, help="a drafter folder, shipped drafter name or Hub id")
-    export.add_argument("--format", choices=["dflash"], default="dflash", help="the layout")
+    export.add_argument(
+        "--format", choices=["dflash", "eagle3"], default="dflash", help="the layout: dflash (DFly) or eagle3 (MTP)"
+    )
     export.add_argument("--output", required=True, help="folder for model.safetensors and config.json")
     export.add_argument(
         "--dtype",

@@ -9,9 +9,14 @@ head — so the export renames tensors and writes the config, nothing else. A re
 `lm_head.weight` with vLLM's `d2t` map (target id = draft id + `d2t[draft id]`); a full one uses the target's head.
 The engines build DFlash layers as Qwen3 layers (q/k norms), so only a drafter of a Qwen3-family target exports.
 
-EAGLE-3 is not offered: its midlayer attends over `[input_layernorm(E(x)); hidden_norm(fc(h))]` (2H wide) with
-`fc(h)` as the residual, while the AngelSpec MTP layer attends over `RMSNorm(W_proj[RMSNorm(h); RMSNorm(E(x))])`
-with `u` as the residual; no renaming of one into the other computes the same drafts.
+**EAGLE-3** (`LlamaForCausalLMEagle3`, as SpecForge writes it and vLLM `{"method": "eagle3"}` / SGLang
+`--speculative-algorithm EAGLE3` read it): an MTP drafter with `input_layout="eagle3"` computes EAGLE-3's midlayer —
+`fc` over three tapped target layers, attention over `[input_layernorm(E(x)); hidden_norm(h)]` with h as the residual,
+its pre-norm output fed to the next step — so the export renames tensors, orders `fc`'s input blocks by layer, and
+writes the config: `eagle_aux_hidden_state_layer_ids` in the engines' indexing (id j = the input of layer j, our
+tapped layer j - 1), `draft_vocab_size`, `d2t` and `t2d`. The engines build the midlayer as a Llama layer, so a
+drafter whose layers have q/k norms or biases (Qwen2, Qwen3) does not export. The eq. 1 layout (`"projection"`)
+attends over `RMSNorm(W_proj[...])` with W_proj's output as the residual, which no renaming turns into EAGLE-3.
 """
 
 from __future__ import annotations
@@ -73,13 +78,75 @@ def dflash_config(drafter) -> dict:
     return exported
 
 
-def export_dflash(drafter, directory: str, dtype: torch.dtype | None = None) -> str:
-    """Write `model.safetensors` and `config.json` of the DFlash layout into `directory` (in `dtype`, default the
-    drafter's); returns the directory. Checked before anything is written."""
-    tensors = dflash_tensors(drafter)
-    config = dflash_config(drafter)
+def eagle3_tensors(drafter) -> dict[str, torch.Tensor]:
+    """The EAGLE-3 layout's tensors, from an MTP drafter with the eagle3 input layout (see the module docstring)."""
+    from .models.mtp import AngelSpecMTPConfig
+
+    config = drafter.config
+    if not isinstance(config, AngelSpecMTPConfig) or config.input_layout != "eagle3":
+        raise ValueError("Only an MTP drafter with input_layout='eagle3' has the EAGLE-3 layout")
+    taps, last = config.target_layer_ids, config.target_num_hidden_layers - 1
+    if len(taps) != 3 or max(taps) >= last:
+        raise ValueError(
+            f"EAGLE-3 fuses three target layers below the last (the engines capture each layer's input, not the "
+            f"final normed state); target_layer_ids is {taps}"
+        )
+    if not config.draft_vocab_size:
+        raise ValueError("EAGLE-3 checkpoints carry their own draft-vocabulary head: train with a draft_vocab_size")
+    attention = drafter.layer.self_attn
+    biased = [name for name, module in drafter.layer.named_modules() if getattr(module, "bias", None) is not None]
+    if hasattr(attention, "q_norm") or biased:
+        raise ValueError(
+            f"SGLang and vLLM build the EAGLE-3 midlayer as a Llama layer (no q/k norms, no biases); this drafter's "
+            f"is {type(drafter.layer).__name__} ({config.target_model_type} target), which they would not compute"
+        )
+    state = drafter.state_dict()
+    hidden = config.hidden_size
+    fc = state["target_fusion.weight"]  # [H, 3H], input blocks in target_layer_ids order; EAGLE-3's go by layer
+    blocks = [fc[:, i * hidden : (i + 1) * hidden] for i in sorted(range(3), key=taps.__getitem__)]
+    tensors = {
+        "fc.weight": torch.cat(blocks, dim=1),
+        "midlayer.input_layernorm.weight": state["embed_norm.weight"],
+        "midlayer.hidden_norm.weight": state["hidden_norm.weight"],
+        "norm.weight": state["norm.weight"],
+        "lm_head.weight": state["lm_head.weight"],
+        "d2t": drafter.draft_to_target - torch.arange(config.draft_vocab_size, device=drafter.draft_to_target.device),
+        "t2d": torch.zeros(config.vocab_size, dtype=torch.bool).index_fill_(0, drafter.draft_to_target.cpu(), True),
+    }
+    tensors.update(
+        {f"midlayer.{name[len('layer.') :]}": value for name, value in state.items() if name.startswith("layer.")}
+    )
+    return {name: value.detach().contiguous().cpu() for name, value in tensors.items()}
+
+
+def eagle3_config(drafter) -> dict:
+    """config.json of the EAGLE-3 layout: the target's layer settings for one Llama midlayer, the draft vocabulary
+    and the aux layers in the engines' indexing."""
+    config = drafter.config
+    exported = {
+        key: value
+        for key, value in config.target_config.items()
+        if key not in ("architectures", "auto_map", "_name_or_path", "transformers_version", "layer_types")
+    }
+    aux_layer_ids = sorted(i + 1 for i in config.target_layer_ids)
+    exported.update(
+        architectures=["LlamaForCausalLMEagle3"],
+        model_type="llama",
+        num_hidden_layers=1,
+        draft_vocab_size=config.draft_vocab_size,
+        target_hidden_size=config.hidden_size,
+        eagle_aux_hidden_state_layer_ids=aux_layer_ids,
+        eagle_config={"eagle_aux_hidden_state_layer_ids": aux_layer_ids, "use_aux_hidden_state": True},
+        tie_word_embeddings=False,
+        dtype=str(drafter.dtype).removeprefix("torch."),
+    )
+    return exported
+
+
+def _write(tensors: dict[str, torch.Tensor], config: dict, directory: str, dtype: torch.dtype | None) -> str:
+    """`model.safetensors` (floating tensors in `dtype` when given; index maps keep theirs) and `config.json`."""
     if dtype is not None:
-        tensors = {name: value if name == "d2t" else value.to(dtype) for name, value in tensors.items()}
+        tensors = {name: value.to(dtype) if value.is_floating_point() else value for name, value in tensors.items()}
         config["dtype"] = str(dtype).removeprefix("torch.")
     os.makedirs(directory, exist_ok=True)
     save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
@@ -88,4 +155,16 @@ def export_dflash(drafter, directory: str, dtype: torch.dtype | None = None) -> 
     return directory
 
 
-EXPORT_FORMATS = {"dflash": export_dflash}
+def export_dflash(drafter, directory: str, dtype: torch.dtype | None = None) -> str:
+    """Write the DFlash layout into `directory` (in `dtype`, default the drafter's); returns the directory. Checked
+    before anything is written."""
+    return _write(dflash_tensors(drafter), dflash_config(drafter), directory, dtype)
+
+
+def export_eagle3(drafter, directory: str, dtype: torch.dtype | None = None) -> str:
+    """Write the EAGLE-3 layout into `directory` (in `dtype`, default the drafter's); returns the directory. Checked
+    before anything is written."""
+    return _write(eagle3_tensors(drafter), eagle3_config(drafter), directory, dtype)
+
+
+EXPORT_FORMATS = {"dflash": export_dflash, "eagle3": export_eagle3}

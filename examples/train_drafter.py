@@ -76,6 +76,14 @@ class DrafterArguments:
     ttt_token_choice: str = field(default="argmax", metadata={"help": "MTP: argmax | sample | ground_truth"})
     depth_loss_weights: list[float] | None = field(default=None, metadata={"help": "MTP: per-depth loss weights"})
     hidden_regression_weight: float = field(default=0.0, metadata={"help": "MTP: EAGLE-1 feature regression weight"})
+    input_layout: str = field(
+        default="projection",
+        metadata={"help": "MTP: projection (eq. 1) | eagle3 (EAGLE-3's midlayer, exports to vLLM/SGLang EAGLE-3)"},
+    )
+    native_mtp: bool = field(
+        default=False,
+        metadata={"help": "MTP: start from the target's own MTP layer (DeepSeek-V3 / GLM-4.5 layout, num_mtp_layers)"},
+    )
     # DFly
     block_size: int = field(default=16, metadata={"help": "DFly: block size (anchor + drafts)"})
     num_draft_layers: int = field(default=3, metadata={"help": "DFly: draft decoder layers"})
@@ -84,6 +92,12 @@ class DrafterArguments:
     ar_head: bool = field(default=True, metadata={"help": "DFly: predecessor-conditioned head (off: DFlash)"})
     position_decay_gamma: float = field(default=7.0, metadata={"help": "DFly: γ of the block position weights"})
     anchors_per_row: int = field(default=32, metadata={"help": "DFly: random anchor blocks per packed row"})
+
+    def __post_init__(self):
+        if self.drafter_type != "mtp" and (self.native_mtp or self.input_layout != "projection"):
+            raise ValueError("native_mtp and input_layout are MTP options; drafter_type is " + repr(self.drafter_type))
+        if self.native_mtp and (self.warm_start or self.init_from):
+            raise ValueError("native_mtp is a starting point of its own: drop warm_start / init_from")
 
     def build(self, target, tokenizer):
         """A fresh drafter of `drafter_type` for `target` (warm-started from it when asked), or the `init_from` one."""
@@ -109,7 +123,8 @@ class DrafterArguments:
             target_layer_ids=self.target_layer_ids,
         )
         if self.drafter_type == "mtp":
-            return AngelSpecMTPDrafter.from_target(
+            start = AngelSpecMTPDrafter.from_native_mtp if self.native_mtp else AngelSpecMTPDrafter.from_target
+            return start(
                 target,
                 tokenizer,
                 num_depths=self.num_depths,
@@ -117,6 +132,7 @@ class DrafterArguments:
                 ttt_token_choice=self.ttt_token_choice,
                 depth_loss_weights=self.depth_loss_weights,
                 hidden_regression_weight=self.hidden_regression_weight,
+                input_layout=self.input_layout,
                 **common,
             )
         if self.drafter_type == "dfly":

@@ -161,6 +161,11 @@ class TestMTP(DrafterTesterMixin):
     drafter_kwargs = dict(num_depths=3)
 
 
+class TestMTPEagle3Layout(DrafterTesterMixin):
+    drafter_class = AngelSpecMTPDrafter
+    drafter_kwargs = dict(num_depths=3, input_layout="eagle3")
+
+
 class TestDFly(DrafterTesterMixin):
     drafter_class = DFlyDrafter
     drafter_kwargs = dict(block_size=6, num_draft_layers=2, mask_token_id=5, num_target_layers_tapped=2)

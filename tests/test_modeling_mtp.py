@@ -1,9 +1,12 @@
 """The MTP drafter as a transformers model: Auto classes, checkpoints, target binding, TTT = inference."""
 
+import json
+import os
+
 import pytest
 import torch
 from conftest import ARCHITECTURES, make_target
-from transformers import AutoModel
+from transformers import AutoConfig, AutoModel
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
 
@@ -49,13 +52,22 @@ def test_missing_or_corrupt_checkpoint_files_get_clear_errors(tmp_path):
         AngelSpecMTPDrafter.from_pretrained(tmp_path)
 
 
-@pytest.mark.parametrize("model_type, target_layer_ids", [("llama", None), ("qwen3", None), ("llama", [0, 1])])
-def test_ttt_rollout_computes_what_inference_computes(model_type, target_layer_ids):
+@pytest.mark.parametrize(
+    "model_type, target_layer_ids, input_layout",
+    [
+        ("llama", None, "projection"),
+        ("qwen3", None, "projection"),
+        ("llama", [0, 1], "projection"),
+        ("llama", [0, 1], "eagle3"),
+        ("qwen3", None, "eagle3"),
+    ],
+)
+def test_ttt_rollout_computes_what_inference_computes(model_type, target_layer_ids, input_layout):
     """Depth k of the training rollout at slot t equals the k-th draft of an inference round after slot t (with the
-    last target layer, or several layers fused, conditioning depth 0)."""
+    last target layer, or several layers fused, conditioning depth 0; eq. 1's input or EAGLE-3's)."""
     target = make_target(model_type, seed=4)
     drafter = AngelSpecMTPDrafter.from_target(
-        target, num_depths=3, draft_vocab_size=48, target_layer_ids=target_layer_ids
+        target, num_depths=3, draft_vocab_size=48, target_layer_ids=target_layer_ids, input_layout=input_layout
     )
     sequence = torch.randint(0, 95, (1, 24), generator=torch.Generator().manual_seed(0))
     states = target(sequence, output_hidden_states=True).hidden_states
@@ -141,3 +153,100 @@ def test_layer_taps_are_checked():
             AngelSpecMTPDrafter.from_target(target, target_layer_ids=taps)
     drafter = AngelSpecMTPDrafter.from_target(target, target_layer_ids=[0, 2, 3])
     assert drafter.target_hidden_state_indices() == [1, 3, 4] == drafter.training_hidden_state_indices()
+
+
+def test_the_eagle3_layout_reads_embeddings_and_states_in_its_attention():
+    """EAGLE-3's midlayer: q/k/v 2H wide, no W_proj, no input norm on the layer; warm_start (H-wide target
+    layers) is refused; a bad layout name is refused by the config."""
+    target = make_target("llama", num_hidden_layers=4)
+    drafter = AngelSpecMTPDrafter.from_target(target, input_layout="eagle3")
+    assert drafter.fusion is None and drafter.layer.input_layernorm is None
+    assert drafter.layer.self_attn.q_proj.in_features == 2 * target.config.hidden_size
+    assert not any(name.startswith(("fusion.", "layer.input_layernorm")) for name in drafter.state_dict())
+    with pytest.raises(ValueError, match="eagle3"):
+        drafter.warm_start(target)
+    with pytest.raises(ValueError, match="input_layout"):
+        AngelSpecMTPDrafter.from_target(target, input_layout="eagle")
+
+
+def glm_target_with_native_mtp(directory, hidden_states_first=False):
+    """A tiny GLM-4.5-Air-shaped target (46 layers, MoE) whose checkpoint carries a native MTP module at layer 46,
+    in the layout of the real checkpoints (`enorm`, `hnorm`, `eh_proj`, `shared_head.norm` beside the block)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    values = dict(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=False,
+        first_k_dense_replace=1,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        moe_intermediate_size=32,
+        n_group=1,
+        topk_group=1,
+    )
+    torch.manual_seed(0)
+    with_block = AutoModelForCausalLM.from_config(AutoConfig.for_model("glm4_moe", num_hidden_layers=47, **values))
+    with_block.lm_head.weight.data.mul_(8.0)
+    with_block.save_pretrained(directory)  # layer 46 is the MTP block
+    path = os.path.join(directory, "model.safetensors")
+    tensors = load_file(path)
+    generator = torch.Generator().manual_seed(1)
+    for name in ("enorm", "hnorm", "shared_head.norm"):
+        tensors[f"model.layers.46.{name}.weight"] = 1 + 0.1 * torch.randn(64, generator=generator)
+    tensors["model.layers.46.eh_proj.weight"] = 0.1 * torch.randn(64, 128, generator=generator)
+    save_file(tensors, path, metadata={"format": "pt"})
+    with open(os.path.join(directory, "config.json")) as handle:
+        config = json.load(handle)
+    config.update(num_hidden_layers=46, num_nextn_predict_layers=1, mtp_hidden_states_first=hidden_states_first)
+    with open(os.path.join(directory, "config.json"), "w") as handle:
+        json.dump(config, handle)
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval().requires_grad_(False)
+
+
+@pytest.mark.parametrize("hidden_states_first", [False, True])
+def test_warm_start_from_a_native_mtp_layer_drafts_as_it_does(tmp_path, hidden_states_first):
+    """Started from a target's own MTP module (loaded by transformers' `MtpModel`), depth 0 gives exactly the native
+    module's logits on every position, whichever order the native projection reads its inputs in; and the drafter
+    decodes losslessly with the MoE block as its layer."""
+    from transformers.modeling_layers import MtpModel
+
+    target = glm_target_with_native_mtp(tmp_path, hidden_states_first)
+    drafter = AngelSpecMTPDrafter.from_native_mtp(target, num_depths=2)
+    assert type(drafter.layer.mlp).__name__ == "Glm4MoeMoE"  # built as the MTP block, not as layer 0 (dense)
+    native = MtpModel.from_pretrained(target)
+    sequence = torch.randint(0, 95, (1, 12), generator=torch.Generator().manual_seed(2))
+    final = target(sequence, output_hidden_states=True).hidden_states[-1]
+    positions = torch.arange(1, 12)[None]
+    with torch.no_grad():
+        ours = drafter.step(final[:, :-1], sequence[:, 1:], positions).logits
+        layer = native.layers[0]
+        hidden = layer(
+            native.embed_tokens(sequence[:, 1:]),
+            final[:, :-1],
+            position_embeddings=native.rotary_emb(final, positions),
+            attention_mask=None,
+            position_ids=positions,
+            past_key_values=None,
+        )
+        torch.testing.assert_close(ours, native._project_to_logits(hidden))
+    prompt = torch.tensor([[3, 5, 7, 9]])
+    expected = target.generate(prompt, max_new_tokens=10, do_sample=False)
+    assert torch.equal(target.generate(prompt, max_new_tokens=10, do_sample=False, assistant_model=drafter), expected)
+
+
+def test_a_native_mtp_warm_start_needs_a_native_layer_and_its_shape():
+    target = make_target("llama", num_hidden_layers=4)
+    with pytest.raises(ValueError, match="no native MTP layer"):
+        AngelSpecMTPDrafter.from_native_mtp(target)
+    target.config.num_mtp_layers = 1
+    with pytest.raises(ValueError, match="full vocabulary"):
+        AngelSpecMTPDrafter.from_native_mtp(target, draft_vocab_size=32)
+    with pytest.raises(ValueError, match="projection"):
+        AngelSpecMTPDrafter.from_native_mtp(target, input_layout="eagle3")

@@ -104,9 +104,10 @@ def test_packing_keeps_documents_apart_and_loss_on_responses_only(responses):
         assert torch.equal(positions == 0, starts), "positions restart exactly at each document"
 
 
-def make_trainer(target, tokenizer, dataset, output_dir, **overrides):
+def make_trainer(target, tokenizer, dataset, output_dir, drafter_options=None, **overrides):
     torch.manual_seed(0)  # same initial drafter every time
-    drafter = AngelSpecMTPDrafter.from_target(target, tokenizer, num_depths=3, draft_vocab_size=512)
+    options = dict(num_depths=3, draft_vocab_size=512, **(drafter_options or {}))
+    drafter = AngelSpecMTPDrafter.from_target(target, tokenizer, **options)
     values = dict(
         output_dir=str(output_dir),
         per_device_train_batch_size=2,
@@ -191,6 +192,15 @@ def test_training_lowers_the_loss_and_logs_real_acceptance(chat_target, smollm2_
     logged = [entry for entry in trainer.state.log_history if "accept/tau" in entry]
     assert logged and all(1.0 <= entry["accept/tau"] <= 4.0 for entry in logged)
     assert {"accept/depth_1", "top1_agreement_position_3"} <= set().union(*trainer.state.log_history)
+
+
+def test_the_eagle3_layout_trains_with_the_same_trainer(chat_target, smollm2_tokenizer, responses, tmp_path):
+    dataset = build_training_dataset(responses, max_length=128)
+    layout = dict(input_layout="eagle3", target_layer_ids=[0, 1])
+    trainer = make_trainer(chat_target, smollm2_tokenizer, dataset, tmp_path, drafter_options=layout, max_steps=12)
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert losses[-1] < losses[0]
 
 
 def test_a_cpu_budget_stops_training_with_a_save_and_counts_across_resumption(
@@ -364,6 +374,25 @@ def test_yaml_config_keeps_null_and_lists_and_refuses_unknown_keys(tmp_path):
     config.write_text("drafter_type: mtp\nresponses: r.jsonl.gz\noutput_dir: runs/x\nlearning_rat: 0.1\n")
     with pytest.raises(ValueError, match="learning_rat"):
         parse_arguments(["--config", str(config)])
+
+
+def test_mtp_starting_points_are_checked_when_the_command_is_parsed(tmp_path):
+    sys.path.insert(0, os.path.join(REPO, "examples"))
+    try:
+        from train_drafter import parse_arguments
+    finally:
+        sys.path.pop(0)
+    config = tmp_path / "run.yaml"
+    config.write_text("responses: r.jsonl.gz\noutput_dir: runs/x\n")
+    drafter_args, _, _ = parse_arguments(["--config", str(config), "--native_mtp", "true"])
+    assert drafter_args.native_mtp and drafter_args.input_layout == "projection"
+    for overrides, message in (
+        (["--drafter_type", "dfly", "--native_mtp", "true"], "MTP options"),
+        (["--drafter_type", "dfly", "--input_layout", "eagle3"], "MTP options"),
+        (["--native_mtp", "true", "--warm_start", "true"], "starting point"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            parse_arguments(["--config", str(config), *overrides])
 
 
 @pytest.mark.parametrize("kind", ["mtp", "mtp_long_taps", "dfly", "dflash"])

@@ -439,13 +439,15 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_target(
-        cls, target: PreTrainedModel, tokenizer=None, **config_kwargs
+        cls, target: PreTrainedModel, tokenizer=None, layer_settings: dict | None = None, **config_kwargs
     ) -> "AngelSpecDrafterPreTrainedModel":
-        """A freshly initialised drafter for `target`, bound to it and recording what it was built for."""
+        """A freshly initialised drafter for `target`, bound to it and recording what it was built for.
+        `layer_settings`: target config values the draft layers are built with instead of the target's own (those
+        of a native MTP block, say)."""
         from .targets import tokenizer_fingerprint
 
         config = cls.config_class(
-            target_config=cls.target_config_dict(target),
+            target_config={**cls.target_config_dict(target), **(layer_settings or {})},
             target_name_or_path=getattr(target.config, "name_or_path", None),
             target_tokenizer_fingerprint=tokenizer_fingerprint(tokenizer) if tokenizer is not None else None,
             target_embedding_probe=embedding_probe(target.get_input_embeddings().weight),

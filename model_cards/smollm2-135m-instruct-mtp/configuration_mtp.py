@@ -27,6 +27,12 @@ class AngelSpecMTPConfig(AngelSpecDrafterConfig):
         hidden_regression_weight (`float`, defaults to 0):
             Weight of an EAGLE-1 feature-regression term: smooth-L1 between the draft features the head reads at
             depth k and the target's final state at the position it predicts from.
+        input_layout (`str`, defaults to `"projection"`):
+            How the layer reads h(k-1) and E(x̃_k). `"projection"` is eq. 1: `u = W_proj[RMSNorm(h); RMSNorm(E(x))]`
+            through a plain decoder layer (the layout of native MTP modules too). `"eagle3"` is EAGLE-3's midlayer:
+            attention reads `[RMSNorm(E(x)); RMSNorm(h)]` (2H wide) directly and h is the residual, so that the
+            drafter exports to the EAGLE-3 checkpoint layout vLLM and SGLang serve (`angelspec export --format
+            eagle3`).
     """
 
     model_type = "angelspec_mtp"
@@ -40,6 +46,7 @@ class AngelSpecMTPConfig(AngelSpecDrafterConfig):
         depth_loss_weights: list[float] | None = None,
         target_layer_ids: list[int] | None = None,
         hidden_regression_weight: float = 0.0,
+        input_layout: str = "projection",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -59,7 +66,10 @@ class AngelSpecMTPConfig(AngelSpecDrafterConfig):
                 f"depth_loss_weights must be {num_depths} non-negative weights (one per depth), "
                 f"got {depth_loss_weights!r}"
             )
+        if input_layout not in ("projection", "eagle3"):
+            raise ValueError(f"input_layout must be 'projection' or 'eagle3', got {input_layout!r}")
         self.num_depths = num_depths
+        self.input_layout = input_layout
         self.training_time_test = training_time_test
         self.ttt_token_choice = ttt_token_choice
         self.depth_loss_weights = list(depth_loss_weights or [1.0 / num_depths] * num_depths)

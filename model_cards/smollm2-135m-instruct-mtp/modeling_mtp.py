@@ -6,6 +6,9 @@
 
 h(0) is the target's last hidden state; each depth feeds the next. E and the full-vocabulary W_lm are the target's
 own (frozen, shared); with a reduced draft vocabulary W_lm is the drafter's small head.
+
+`input_layout="eagle3"` replaces eq. 1 by EAGLE-3's midlayer, whose attention reads [RMSNorm(E(x̃_k)); RMSNorm(h(k-1))]
+(2H wide) with h(k-1) as the residual: the layout serving engines load as EAGLE-3 (`angelspec_hf.export`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Callable
 
 import torch
 from torch import nn
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from .cache_utils import last_valid, ragged_valid
@@ -54,8 +57,17 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         num_taps = len(config.target_layer_ids)
         # EAGLE-3-style conditioning on several target layers: their concatenation projected to h(0).
         self.target_fusion = nn.Linear(num_taps * hidden_size, hidden_size, bias=False) if num_taps > 1 else None
-        self.fusion = nn.Linear(2 * hidden_size, hidden_size, bias=False)  # W_proj of eq. 1
         self.layer = family.decoder_layer(layer_config, layer_idx=0)
+        if config.input_layout == "eagle3":
+            # EAGLE-3's midlayer: q/k/v read [RMSNorm(E(x)); RMSNorm(h)] themselves; no W_proj, no input norm.
+            self.fusion = None
+            self.layer.input_layernorm = None
+            attention = self.layer.self_attn
+            for name in ("q_proj", "k_proj", "v_proj"):
+                narrow = getattr(attention, name)
+                setattr(attention, name, nn.Linear(2 * hidden_size, narrow.out_features, bias=narrow.bias is not None))
+        else:
+            self.fusion = nn.Linear(2 * hidden_size, hidden_size, bias=False)  # W_proj of eq. 1
         self.rotary_emb = family.rotary_embedding(config=layer_config)
         self.norm = family.rms_norm(hidden_size, eps=eps)
         self.post_init()
@@ -85,22 +97,20 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         target-vocabulary tokens x̃_k paired with it; `attention_mask` is a boolean [B, 1, T, T_past + T] mask
         (causal over the cache when omitted).
         """
-        fused = self.fusion(
-            torch.cat([self.hidden_norm(hidden_states), self.embed_norm(self.embed_tokens(input_ids))], -1)
-        )
+        embeds = self.embed_tokens(input_ids)
         if past_key_values is None and use_cache:
             past_key_values = DynamicCache()
         if attention_mask is None:
             past = past_key_values.get_seq_length() if past_key_values is not None else 0
-            attention_mask = causal_mask(fused.shape[1], past + fused.shape[1], fused.device)
-        position_embeddings = self.rotary_emb(fused, position_ids)
-        hidden = self.layer(
-            fused,
+            attention_mask = causal_mask(embeds.shape[1], past + embeds.shape[1], embeds.device)
+        hidden = self.apply_layer(
+            hidden_states,
+            embeds,
             attention_mask=attention_mask,
             position_ids=position_ids,
             past_key_values=past_key_values,
             use_cache=use_cache,
-            position_embeddings=position_embeddings,
+            position_embeddings=self.rotary_emb(embeds, position_ids),
         )
         features = self.norm(hidden)
         return MTPDrafterOutput(
@@ -109,6 +119,72 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
             logits=self.draft_logits(features),
             past_key_values=past_key_values,
         )
+
+    def apply_layer(self, hidden_states: torch.Tensor, embeds: torch.Tensor, **layer_kwargs) -> torch.Tensor:
+        """h(k) from h(k-1) and E(x̃_k): eq. 1 then the decoder layer, or EAGLE-3's midlayer (`config.input_layout`)."""
+        if self.fusion is not None:
+            fused = self.fusion(torch.cat([self.hidden_norm(hidden_states), self.embed_norm(embeds)], -1))
+            return self.layer(fused, **layer_kwargs)
+        wide = torch.cat([self.embed_norm(embeds), self.hidden_norm(hidden_states)], -1)
+        hidden = hidden_states + self.layer.self_attn(wide, **layer_kwargs)[0]
+        return hidden + self.layer.mlp(self.layer.post_attention_layernorm(hidden))
+
+    # -- starting points ------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def warm_start(self, target: PreTrainedModel) -> None:
+        if self.fusion is None:
+            raise ValueError(
+                "warm_start copies the target's last layer, whose attention reads H-wide inputs; the eagle3 "
+                "input_layout's reads 2H"
+            )
+        super().warm_start(target)
+
+    @classmethod
+    def from_native_mtp(cls, target: PreTrainedModel, tokenizer=None, **config_kwargs) -> "AngelSpecMTPDrafter":
+        """A drafter that starts as the target's own MTP module (transformers' `MtpModel`: DeepSeek-V3, GLM-4.5 and
+        the other models whose config sets `num_mtp_layers`), which computes eq. 1 already: its `eh_proj` is W_proj
+        (input halves swapped where the native order is [E(x); h]), `enorm` / `hnorm` the two norms, the MTP block
+        the layer (built as the block is, from `get_mtp_config()`) and its post norm the final norm. Depth 0 drafts
+        exactly as the native module does; deeper depths read h(k) before the final norm (eq. 2's chain), where the
+        native chain reads it after, and TTT training adapts them."""
+        from transformers.modeling_layers import MtpModel
+
+        text_config = target.config.get_text_config()
+        if not getattr(text_config, "num_mtp_layers", None):
+            raise ValueError(f"{type(target).__name__} has no native MTP layer (its config sets no num_mtp_layers)")
+        last = text_config.num_hidden_layers - 1
+        if config_kwargs.get("draft_vocab_size") or config_kwargs.get("target_layer_ids") not in (None, [last]):
+            raise ValueError(
+                "A native MTP layer reads the target's last layer and drafts over its full vocabulary: leave "
+                "draft_vocab_size and target_layer_ids unset"
+            )
+        if config_kwargs.get("input_layout", "projection") != "projection":
+            raise ValueError("A native MTP layer has eq. 1's projection input_layout")
+        block_settings = text_config.get_mtp_config().to_dict()
+        layer_settings = {key: value for key, value in block_settings.items() if key != "num_hidden_layers"}
+        drafter = cls.from_target(target, tokenizer, layer_settings=layer_settings, **config_kwargs)
+        native_model = MtpModel.from_pretrained(target, device_map={"": target.device})
+        native = native_model.layers[0]
+        final_norm = native.post_norm or getattr(native_model, "shared_post_norm", None) or target.get_decoder().norm
+        projection = native.eh_proj.weight
+        if not getattr(text_config, "mtp_hidden_states_first", False):
+            hidden = drafter.config.hidden_size
+            projection = torch.cat([projection[:, hidden:], projection[:, :hidden]], dim=1)
+        pairs = {
+            "embed_norm": (drafter.embed_norm, native.enorm),
+            "hidden_norm": (drafter.hidden_norm, native.hnorm),
+            "layer": (drafter.layer, native.mtp_block),
+            "norm": (drafter.norm, final_norm),
+        }
+        with torch.no_grad():
+            drafter.fusion.weight.copy_(projection)
+            for name, (mine, native_module) in pairs.items():
+                try:
+                    mine.load_state_dict(native_module.state_dict())
+                except RuntimeError as error:
+                    raise ValueError(f"The target's MTP module does not fit the drafter's {name}: {error}") from error
+        return drafter
 
     # -- training-time test (§2.2) --------------------------------------------------------------------------------
 
