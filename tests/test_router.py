@@ -203,3 +203,56 @@ def test_members_of_another_target_or_vocabulary_are_refused():
     router = make_router(target)
     with pytest.raises(ValueError, match="Router member 'mtp'.*hidden_size"):
         router.bind_target(make_target("llama", num_hidden_layers=2, hidden_size=32, head_dim=8))
+
+
+def test_switching_to_a_member_pays_for_its_catch_up_and_the_policy_adds_none():
+    """A member that must first read tokens left by rounds it did not draft is charged its measured time per token
+    read beyond a usual round; the suffix member reads for free. D-cut leaves that pricing to the router."""
+    from angelspec_hf.generation.policies import DCut
+
+    target = make_target("llama", num_hidden_layers=2)
+    router = make_router(target)
+    router.verify_cost_model = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 1.3]], context=0)
+    router.member_seconds, router.member_read_seconds = [0.05, 0.1, 0.01], [0.002, 0.004, 0.5]
+    state = router.new_draft_state(1)
+    row = state.rows[0]
+    for own in row.members:
+        own.accepted, own.verified = 1.0, 2.0
+    caught_up = router.score(row, 0)
+    row.members[0].tokens = list(range(104))  # 100 beyond MTP's usual round of 1 + 3
+    assert router.score(row, 0) == pytest.approx(2.0 / (0.05 + 100 * 0.002 + 1.2))
+    assert router.score(row, 0, pending=10) == pytest.approx(2.0 / (0.05 + 110 * 0.002 + 1.2))
+    assert router.score(row, 0) < caught_up
+    row.members[2].tokens = list(range(500))
+    assert router.catch_up_seconds_of(2, 500) == 0.0  # reading is free for the suffix member
+    policy = DCut(max_draft=4, cost_model=router.verify_cost_model)
+    policy.start(target, router)
+    assert policy.catch_up_seconds(backlog=500) == 0.0
+    solo = DCut(max_draft=4, cost_model=router.verify_cost_model)
+    solo.start(target, router.members[0])
+    assert solo.catch_up_seconds(backlog=500) > 0.0
+
+
+def test_the_suffix_member_reads_the_backlog_before_the_router_weighs_it():
+    """Through rounds the router does not draft, the suffix member still reads what was verified (when the router is
+    asked what the next round promises), so its outlook sees the prompt: otherwise a request that starts with no try
+    due would be judged by an empty index and never drafted. The drafting round after reads each token once."""
+    target = make_target("llama", num_hidden_layers=2)
+    router = make_router(target, shared_index_max_tokens=0)
+    router.verify_cost_model = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 1.3]], context=0)
+    state = router.new_draft_state(1)
+    text = [7, 8, 9, 10, 11, 12, 7, 8, 9]
+    router.promised_gain(state, [text[:4]])
+    router.promised_gain(state, [text])  # a skipped round: the backlog grew; only the new tokens are read
+    assert state.members[2].rows[0].tokens == text
+    assert router.outlooks(state, 0)[2] == int(3).bit_length()  # "7 8 9" matched earlier in the prompt
+    states = target(torch.tensor([text]), output_hidden_states=True).hidden_states
+    hidden = tuple(states[i] for i in router.target_hidden_state_indices())
+    for row in state.rows:
+        for own in row.members[:2]:
+            own.tries = False  # no try due: the suffix member drafts this round
+        row.admitted = True
+    ids, _ = router.propose(state, hidden, torch.tensor([text + [10]]), 3, choose=lambda logits: logits.argmax(-1))
+    assert state.members[2].rows[0].tokens == text + [10]  # the read-ahead is not read again
+    assert ids[0].tolist() == [11, 12, 7]
+    assert len(state.rows[0].members[0].tokens) == len(text) + 1  # MTP still has everything to read

@@ -30,7 +30,7 @@ def pad_pending(
     one tensor per tap), as a right-padded batch: token ids [B, W], lengths [B], and one [B, W, H] tensor per tap."""
     width = max(len(row) for row in tokens)
     lengths = torch.tensor([len(row) for row in tokens], device=device)
-    ids = torch.tensor([row + [0] * (width - len(row)) for row in tokens], device=device)
+    ids = torch.tensor([row + [0] * (width - len(row)) for row in tokens], dtype=torch.long, device=device)
     states = tuple(
         torch.stack(
             [

@@ -8,8 +8,11 @@ promises it the most tokens per second,
 
 a_rm and n_rm being the tokens request r accepted and had verified per round when member m last drafted it
 (averaged; a member new to the request starts from its average over requests), t_m the member's drafting time
-and t_v the profiled verify cost. A member not chosen does not run: the verified tokens wait for it and it reads
-them all when next chosen (its catch-up is in its measured t_m). A request tries every member once, and again each
+plus its catch-up on request r and t_v the profiled verify cost. A member not chosen does not run: the verified
+tokens wait for it and it reads them all when next chosen, so its catch-up (its measured time per token read beyond
+a usual round's, times the tokens waiting) is charged to the round that switches to it; a member that reads for
+free (suffix) has none. The router's promise to the verify policy counts it, so the policy adds no catch-up price
+of its own. A request tries every member once, and again each
 `explore_tokens` verified tokens a member has not drafted it, so no estimate goes stale; the router tells the verify
 policy what its next round promises (`promised_gain`), optimistic for such a try. A try costs the member's catch-up
 on the request's whole backlog (a long prompt), so tries back off across requests: a member whose try loses (the
@@ -86,6 +89,7 @@ class RouterRow:
     last_bucket: int | None = None  # that member's outlook bucket then (None: it has no outlook)
     last_try: bool = False  # that round tried the member
     admitted: bool = False  # the router has decided which members this request tries
+    read_ahead: int = 0  # leading tokens of the next drafting round's backlog the free readers have read already
 
 
 class RouterDraftState:
@@ -145,7 +149,8 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         self.hidden_indices = indices
         self.member_taps = [[indices.index(i) for i in member.target_hidden_state_indices()] for member in members]
         self.generation_config.num_assistant_tokens = self.default_num_draft_tokens()
-        self.member_seconds: list[float | None] = [None] * len(members)  # t_m
+        self.member_seconds: list[float | None] = [None] * len(members)  # t_m of a usual round
+        self.member_read_seconds: list[float | None] = [None] * len(members)  # per token read beyond a usual round
         self.member_accepted: list[float | None] = [None] * len(members)  # a_m over requests
         self.member_verified: list[float | None] = [None] * len(members)
         # For members with an outlook: (accepted, verified) per round, by outlook bucket.
@@ -281,16 +286,26 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             looks.append(None if look is None else int(look).bit_length())
         return looks
 
-    def score(self, row: RouterRow, m: int, bucket: int | None = None) -> float:
-        """Expected tokens per second of a round drafted by member m for this request (module docstring); for a
-        member with an outlook, a_m and n_m are its record at this outlook's bucket."""
+    def score(self, row: RouterRow, m: int, bucket: int | None = None, pending: int = 0) -> float:
+        """Expected tokens per second of a round drafted by member m for this request (module docstring), its
+        catch-up on the tokens waiting for it (`pending` more verified since the router last drafted) included;
+        for a member with an outlook, a_m and n_m are its record at this outlook's bucket."""
         own = row.members[m]
         if bucket is not None:
             accepted, verified = self.bucket_record[m].get(bucket, (PRIOR_ACCEPTED, PRIOR_ACCEPTED))
         else:
             accepted = own.accepted if own.accepted is not None else self.member_accepted[m]
             verified = own.verified if own.verified is not None else self.member_verified[m]
-        return self._rate(accepted or 0.0, verified or 0.0, self.member_seconds[m] or 0.0)
+        seconds = (self.member_seconds[m] or 0.0) + self.catch_up_seconds_of(m, len(own.tokens) + pending)
+        return self._rate(accepted or 0.0, verified or 0.0, seconds)
+
+    def catch_up_seconds_of(self, m: int, waiting: int) -> float:
+        """Member m's time to read `waiting` verified tokens beyond a usual round's (none for a member that reads
+        for free; unknown until it has caught up once, counted as none then: its first try is exploration)."""
+        usual = int(self.members[m].generation_config.num_assistant_tokens) + 1
+        if self.members[m].reads_for_free or waiting <= usual:
+            return 0.0
+        return (waiting - usual) * (self.member_read_seconds[m] or 0.0)
 
     def _rate(self, accepted: float, verified: float, seconds: float) -> float:
         """(1 + a) / (t + t_v(1 + n)): tokens per second of a round that drafts for `seconds` and verifies n
@@ -342,7 +357,7 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         if due:
             m = min(due, key=lambda m: self.member_seconds[m] or 0.0)
             return m, None, True
-        m = max(range(len(self.members)), key=lambda m: self.score(row, m, looks[m]))
+        m = max(range(len(self.members)), key=lambda m: self.score(row, m, looks[m], len(pending)))
         return m, looks[m], False
 
     def promised_gain(self, state: RouterDraftState, pending: list[list[int]] | None = None) -> float | None:
@@ -354,11 +369,29 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             return None
         plain = self._rate(0.0, 0.0, 0.0)  # r_0: no drafts
         pending = pending or [[] for _ in state.rows]
+        self.read_ahead(state, pending)
         gains = []
         for r, row in enumerate(state.rows):
             m, bucket, trying = self.choice(state, r, pending[r])
-            gains.append(UNTRIED_GAIN if trying else 1 - plain / self.score(row, m, bucket))
+            gains.append(UNTRIED_GAIN if trying else 1 - plain / self.score(row, m, bucket, len(pending[r])))
         return sum(gains) / len(gains)
+
+    def read_ahead(self, state: RouterDraftState, pending: list[list[int]]) -> None:
+        """Members that read for free (suffix) read the tokens verified since the router last drafted now, before
+        the router weighs them, so that their outlook is current even through rounds it does not draft (it would
+        otherwise judge the suffix member by an index that has not seen the prompt, and never draft); the drafting
+        round that follows skips what they read here (`RouterRow.read_ahead`)."""
+        free = [m for m, member in enumerate(self.members) if member.reads_for_free]
+        fresh = [tokens[row.read_ahead :] for row, tokens in zip(state.rows, pending)]
+        if not free or not any(fresh):
+            return
+        for row, tokens, new in zip(state.rows, pending, fresh):
+            row.read_ahead = len(tokens)
+            for m in free:
+                row.members[m].tokens.extend(new)
+                row.members[m].hidden.append(())  # a free reader reads tokens only, no target states
+        for m in free:
+            self._draft_with(m, state, list(range(len(state.rows))), 0, None, None, False)
 
     def record_acceptance(self, state: RouterDraftState, drafted: list[int], accepted: list[int]) -> None:
         """Average what the target accepted of each request's round into its drafting member's estimates, and judge
@@ -403,9 +436,11 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         batch, count = new_token_ids.shape
         lengths = new_lengths.tolist() if new_lengths is not None else [count] * batch
         for r, (row, tokens) in enumerate(zip(state.rows, new_token_ids.tolist())):
-            for member_row, taps in zip(row.members, self.member_taps):
-                member_row.tokens.extend(tokens[: lengths[r]])
-                member_row.hidden.append(tuple(target_hidden[j][r, : lengths[r]] for j in taps))
+            for member, member_row, taps in zip(self.members, row.members, self.member_taps):
+                start = row.read_ahead if member.reads_for_free else 0  # `read_ahead` read those already
+                member_row.tokens.extend(tokens[start : lengths[r]])
+                member_row.hidden.append(tuple(target_hidden[j][r, start : lengths[r]] for j in taps))
+            row.read_ahead = 0
         choices = [self.choice(state, r) for r in range(batch)]
         chosen = [m for m, _, _ in choices]
         for row, (_, bucket, trying) in zip(state.rows, choices):
@@ -461,8 +496,14 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             keep_drafting=keep_drafting if whole else picker.keep_drafting,
             new_lengths=lengths,
         )
-        if width <= num_tokens + 1:  # a usual round's drafting time, not a catch-up on a backlog
-            self.member_seconds[m] = _average(self.member_seconds[m], time.perf_counter() - start)
+        seconds, usual = time.perf_counter() - start, int(member.generation_config.num_assistant_tokens) + 1
+        if num_tokens == 0:  # reading only (a free reader catching up): no drafting time to learn from
+            pass
+        elif width <= usual:  # a usual round's drafting time
+            self.member_seconds[m] = _average(self.member_seconds[m], seconds)
+        else:  # a catch-up on a backlog: the time per token read beyond a usual round
+            per_token = max(0.0, seconds - (self.member_seconds[m] or 0.0)) / (width - usual)
+            self.member_read_seconds[m] = _average(self.member_read_seconds[m], per_token)
         if not whole:
             moved = set(rows)
             rest = [r for r in range(len(state.rows)) if r not in moved]

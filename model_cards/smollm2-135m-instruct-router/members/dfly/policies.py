@@ -179,6 +179,7 @@ class DCut(VerifyPolicy):
         self.rows = 1
         self.widths: list[float] = []  # this round's verify cost by width (1 + drafts per row)
         self.promised_gain: float | None = None  # what the drafter promised this round would save, if it knows
+        self.drafter_prices_catch_up = False  # the drafter's promise includes its catch-up (the router's)
 
     @property
     def calibrator(self) -> ConfidenceCalibrator:
@@ -193,6 +194,7 @@ class DCut(VerifyPolicy):
             self.cost_model = load_cost_model(target, rows=profiled_rows(max_rows))
         if drafter.prices_its_drafting:
             drafter.verify_cost_model = self.cost_model
+        self.drafter_prices_catch_up = drafter.prices_its_drafting
         if drafter.dcut_estimates is None:
             drafter.dcut_estimates = DrafterEstimates(read_ratio=parameter_ratio(drafter, target))
         self.estimates = drafter.dcut_estimates
@@ -209,7 +211,10 @@ class DCut(VerifyPolicy):
         return self.estimates.read_ratio * self.cost_model(self.rows, self.max_draft + 1)
 
     def catch_up_seconds(self, backlog: int) -> float:
-        """The drafter's extra time to read `backlog` verified tokens per row instead of a usual round's."""
+        """The drafter's extra time to read `backlog` verified tokens per row instead of a usual round's; none for a
+        drafter that prices its own drafting, whose promise counts what its chosen members have to read."""
+        if self.drafter_prices_catch_up:
+            return 0.0
         usual = self.cost_model(self.rows, self.max_draft + 1)
         return self.estimates.read_ratio * max(0.0, self.cost_model(self.rows, backlog) - usual)
 
