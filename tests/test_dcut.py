@@ -68,6 +68,22 @@ def test_calibration_learns_the_observed_acceptance_and_stays_monotone():
     )
 
 
+def test_calibration_keeps_one_map_per_source():
+    """The router's members are calibrated apart: an overconfident member (its 0.9+ drafts accepted 30% of the time)
+    does not lower the calibration of a well-calibrated one (accepted 90%), and a new source starts from the
+    identity."""
+    calibrator = ConfidenceCalibrator()
+    for step in range(300):
+        calibrator.update(
+            torch.tensor([0.95, 0.95]), torch.tensor([step % 10 < 3, step % 10 < 9]), sources=torch.tensor([0, 2])
+        )
+    raw = torch.tensor([[0.95, 0.5], [0.95, 0.5], [0.95, 0.5]])
+    calibrated = calibrator(raw, sources=torch.tensor([[0], [2], [1]]))
+    assert abs(float(calibrated[0, 0]) - 0.3) < 0.05 and abs(float(calibrated[1, 0]) - 0.9) < 0.05
+    assert torch.allclose(calibrated[2], raw[2].double())  # source 1 never drafted: the identity
+    assert abs(calibrator.table(2)[9]["accepted_rate"] - 0.9) < 0.05 and calibrator.table(1)[9]["weight"] == 0
+
+
 def test_cost_model_interpolates_and_round_trips(tmp_path):
     model = VerifyCostModel(rows=[1, 4], tokens=[1, 4, 16], seconds=[[1.0, 1.3, 2.5], [2.0, 3.0, 8.0]], context=64)
     assert model(1, 1) == 1.0 and model(1, 2) == pytest.approx(1.1) and model(1, 28) == pytest.approx(3.7)

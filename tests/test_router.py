@@ -12,7 +12,7 @@ from conftest import ARCHITECTURES, make_target
 from transformers import AutoModel
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, RouterDrafter, SuffixDrafter
-from angelspec_hf.generation.dcut import VerifyCostModel
+from angelspec_hf.generation.dcut import DraftRound, VerifyCostModel
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
 
 
@@ -252,7 +252,9 @@ def test_the_suffix_member_reads_the_backlog_before_the_router_weighs_it():
         for own in row.members[:2]:
             own.tries = False  # no try due: the suffix member drafts this round
         row.admitted = True
-    ids, _ = router.propose(state, hidden, torch.tensor([text + [10]]), 3, choose=lambda logits: logits.argmax(-1))
+    drafting = DraftRound(torch.ones(1), [False])
+    ids, _ = router.propose(state, hidden, torch.tensor([text + [10]]), 3, choose=drafting)
+    assert drafting.sources.tolist() == [2]  # D-cut reads the suffix member's calibration for this row
     assert state.members[2].rows[0].tokens == text + [10]  # the read-ahead is not read again
     assert ids[0].tolist() == [11, 12, 7]
     assert len(state.rows[0].members[0].tokens) == len(text) + 1  # MTP still has everything to read

@@ -231,7 +231,7 @@ def run_benchmark(
     if adaptive:
         report["verify_cost"] = dataclasses.asdict(load_cost_model(target))
     for entry, method in adaptive:
-        entry["calibration"] = method.drafter.dcut_estimates.calibrator.table()
+        entry.update(method.drafter.dcut_estimates.calibrator.report())
     return report
 
 

@@ -107,7 +107,7 @@ def run_engine_benchmark(
             same = sum(o.output_ids == r.output_ids for o, r in zip(outputs, reference * repeats))
             metrics.update(name=name, identical_fraction=same / len(outputs))
             if drafter is not None and parse_label(policy)[0] == "dcut":
-                metrics["calibration"] = drafter.dcut_estimates.calibrator.table()
+                metrics.update(drafter.dcut_estimates.calibrator.report())
             runs.append(metrics)
         ar_repeats = [metrics["tokens_per_s"] for metrics, _ in timed["batched-ar"]]
         for (name, _, _), metrics in zip(methods, runs):  # paired: each repeat against AR's run beside it

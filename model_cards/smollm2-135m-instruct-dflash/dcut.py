@@ -215,40 +215,65 @@ def load_cost_model(target, path: str | None = None, rows: Sequence[int] = (1,))
 class ConfidenceCalibrator:
     """Maps a raw confidence (prefix product of draft probabilities) to the observed rate at which prefixes of that
     confidence are accepted: acceptance counts per confidence bin with exponential forgetting, so the map follows
-    drift, starting from the identity (`prior_weight` pseudo-observations at the raw value itself)."""
+    drift, starting from the identity (`prior_weight` pseudo-observations at the raw value itself).
+
+    One map per source: a drafter whose rows are drafted by different members (the router) names each row's member
+    (`DraftRound.sources`), since the same raw confidence from an MTP head and from a suffix match is not accepted
+    equally often; a single drafter is source 0."""
 
     def __init__(self, num_bins: int = 10, prior_weight: float = 2.0, decay: float = 0.99):
         self.num_bins, self.prior_weight, self.decay = num_bins, prior_weight, decay
-        self.tried = torch.zeros(num_bins, dtype=torch.float64)
-        self.accepted = torch.zeros(num_bins, dtype=torch.float64)
+        self.tried = torch.zeros(1, num_bins, dtype=torch.float64)  # [sources, bins]
+        self.accepted = torch.zeros(1, num_bins, dtype=torch.float64)
 
-    def _bins(self, raw: torch.Tensor) -> torch.LongTensor:
-        return (_unit(raw) * self.num_bins).long().clamp(max=self.num_bins - 1)
+    def _index(self, raw: torch.Tensor, sources: torch.Tensor | None) -> tuple[torch.LongTensor, torch.LongTensor]:
+        """Each confidence's (source, bin), `sources` broadcast to `raw`; maps for new sources start empty."""
+        bins = (_unit(raw) * self.num_bins).long().clamp(max=self.num_bins - 1)
+        sources = torch.zeros_like(bins) if sources is None else sources.long().expand_as(bins)
+        missing = int(sources.max()) + 1 - self.tried.shape[0] if sources.numel() else 0
+        if missing > 0:
+            self.tried = torch.cat([self.tried, self.tried.new_zeros(missing, self.num_bins)])
+            self.accepted = torch.cat([self.accepted, self.accepted.new_zeros(missing, self.num_bins)])
+        return sources, bins
 
-    def __call__(self, raw: torch.Tensor) -> torch.Tensor:
-        """Calibrated confidences, non-increasing along the last dimension (a longer prefix is never likelier)."""
-        bins, raw = self._bins(raw), _unit(raw)
-        rate = (self.accepted[bins] + self.prior_weight * raw) / (self.tried[bins] + self.prior_weight)
+    def __call__(self, raw: torch.Tensor, sources: torch.Tensor | None = None) -> torch.Tensor:
+        """Calibrated confidences, non-increasing along the last dimension (a longer prefix is never likelier);
+        `sources` (broadcastable to `raw`, e.g. [rows, 1]) names whose map each confidence is read from."""
+        (sources, bins), raw = self._index(raw, sources), _unit(raw)
+        rate = (self.accepted[sources, bins] + self.prior_weight * raw) / (
+            self.tried[sources, bins] + self.prior_weight
+        )
         return rate.cummin(dim=-1).values if raw.dim() else rate
 
-    def update(self, raw: torch.Tensor, accepted: torch.Tensor) -> None:
-        """Record verified draft tokens: `raw` confidences and whether each one's whole prefix was accepted."""
+    def update(self, raw: torch.Tensor, accepted: torch.Tensor, sources: torch.Tensor | None = None) -> None:
+        """Record verified draft tokens: `raw` confidences, whether each one's whole prefix was accepted, and (when
+        given, like `raw`) whose drafts they were."""
+        sources, bins = self._index(raw.flatten(), None if sources is None else sources.flatten())
         self.tried *= self.decay
         self.accepted *= self.decay
-        bins = self._bins(raw.flatten())
-        self.tried.index_add_(0, bins, torch.ones_like(bins, dtype=torch.float64))
-        self.accepted.index_add_(0, bins, accepted.flatten().double())
+        self.tried.index_put_((sources, bins), torch.ones_like(bins, dtype=torch.float64), accumulate=True)
+        self.accepted.index_put_((sources, bins), accepted.flatten().double(), accumulate=True)
 
-    def table(self) -> list[dict]:
-        """The calibration: per raw-confidence bin, how often it was tried and the observed acceptance rate."""
+    def table(self, source: int = 0) -> list[dict]:
+        """The calibration of one source: per raw-confidence bin, how often it was tried and the observed
+        acceptance rate."""
+        tried, accepted = self.tried[source], self.accepted[source]
         return [
             {
                 "raw_confidence": [b / self.num_bins, (b + 1) / self.num_bins],
-                "weight": float(self.tried[b]),
-                "accepted_rate": float(self.accepted[b] / self.tried[b]) if self.tried[b] > 0 else None,
+                "weight": float(tried[b]),
+                "accepted_rate": float(accepted[b] / tried[b]) if tried[b] > 0 else None,
             }
             for b in range(self.num_bins)
         ]
+
+    def report(self) -> dict:
+        """For a benchmark report: `calibration`, the table of source 0, and with several sources (the router's
+        members) `calibration_by_source`, every source's."""
+        report = {"calibration": self.table()}
+        if self.tried.shape[0] > 1:
+            report["calibration_by_source"] = [self.table(source) for source in range(self.tried.shape[0])]
+        return report
 
 
 def _unit(raw: torch.Tensor) -> torch.Tensor:
@@ -283,9 +308,13 @@ class _DraftSteps:
         """Time to the first drafted token: the drafter reading the verified tokens, and its first step."""
         return (self.finished_at[0] if self.finished_at else time.perf_counter()) - self.start
 
+    def row_sources(self) -> torch.LongTensor:
+        """Which source (the router's member; 0 for a single drafter) drafts each of these rows, [rows, 1]."""
+        raise NotImplementedError
+
     def worth_continuing(self, calibrator, verify_seconds, max_draft: int, step_seconds: float) -> bool:
         """D-cut's early exit after a step (`worth_drafting_further` on the calibrated confidences so far)."""
-        confidences = list(calibrator(self.confidence()))
+        confidences = list(calibrator(self.confidence(), self.row_sources()))
         return worth_drafting_further(
             confidences, verify_seconds, max_draft, time.perf_counter() - self.start, step_seconds
         )
@@ -302,8 +331,9 @@ class DraftRound(_DraftSteps):
     a sampled row. Rejection sampling is exact only if whether x_k is verified does not depend on x_k itself, so a
     sampled row's confidence at k must not read x_k (`dcut_depths` also decides such rows position by position).
     A row whose draft scores turn non-finite (a broken drafter) drafts nothing usable from that step on. A drafter
-    that drafts some rows apart from the others (the router's members) picks them through `rows(...)`; a row that
-    drafts fewer steps than others has no usable score at the steps it did not draft.
+    that drafts some rows apart from the others (the router's members) picks them through `rows(...)`, and names
+    each row's member in `sources` so that D-cut calibrates each member's confidences apart; a row that drafts fewer
+    steps than others has no usable score at the steps it did not draft.
     """
 
     def __init__(
@@ -328,9 +358,13 @@ class DraftRound(_DraftSteps):
         self.known_before: list[torch.Tensor] = []  # m_k per row
         self.usable: list[torch.Tensor] = []  # finite scores up to and including step k, per row
         self.finished_at: list[float] = []
+        self.sources = torch.zeros(len(self.sampled), dtype=torch.long)  # each row's drafting member (router)
 
     def __call__(self, logits: torch.Tensor) -> torch.LongTensor:
         return self.choose(logits)
+
+    def row_sources(self) -> torch.LongTensor:
+        return self.sources[:, None]
 
     def choose(self, logits: torch.Tensor, rows: Sequence[int] | None = None) -> torch.LongTensor:
         """The drafted token of each row (of `rows`, all by default; they must be at the same step) from its
@@ -409,6 +443,9 @@ class DraftRoundRows(_DraftSteps):
 
     def confidence(self) -> torch.Tensor:
         return self.round.confidence()[self.row_index, : len(self.finished_at)]
+
+    def row_sources(self) -> torch.LongTensor:
+        return self.round.sources[self.row_index, None]
 
     def keep_drafting(self) -> bool:
         return self.round.keep_drafting_rule is None or self.round.keep_drafting_rule(self)

@@ -443,6 +443,8 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             row.read_ahead = 0
         choices = [self.choice(state, r) for r in range(batch)]
         chosen = [m for m, _, _ in choices]
+        if hasattr(choose, "sources"):  # a DraftRound: D-cut calibrates each member's confidences apart
+            choose.sources = torch.tensor(chosen)
         for row, (_, bucket, trying) in zip(state.rows, choices):
             row.last_bucket, row.last_try = bucket, trying
         sampled = bool(getattr(choose, "sampled", torch.ones(1, dtype=torch.bool)).any())

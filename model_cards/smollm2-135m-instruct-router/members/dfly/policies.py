@@ -275,7 +275,7 @@ class DCut(VerifyPolicy):
         if not drafted:
             self._record_gain(drafting, [], [0] * len(caps), draft_seconds)
             return [0] * len(caps)
-        calibrated = self.calibrator(drafting.confidence()[:, :drafted])  # position k reads only steps ≤ k
+        calibrated = self.calibrator(drafting.confidence()[:, :drafted], drafting.row_sources())  # k: steps ≤ k
         self._record_drafting(calibrated, drafting)
         confidences = [row[:cap] for row, cap in zip(calibrated, caps)]
         depths = dcut_depths(confidences, self.verify_seconds, draft_seconds, sampled=drafting.sampled.tolist())
@@ -335,6 +335,7 @@ class DCut(VerifyPolicy):
         self.calibrator.update(
             torch.cat([confidence[r, : depths[r]] for r in verified]),
             torch.cat([torch.arange(depths[r]) < accepted[r] for r in verified]),
+            torch.cat([drafting.sources[r].repeat(depths[r]) for r in verified]),
         )
 
 
