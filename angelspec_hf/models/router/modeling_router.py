@@ -282,7 +282,8 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         looks = []
         for m, member in enumerate(self.members):
             own = state.rows[r].members[m]
-            look = member.outlook(state.members[m], r, own.tokens + list(pending))
+            unread = pending[state.rows[r].read_ahead :] if member.reads_for_free else pending  # see read_ahead
+            look = member.outlook(state.members[m], r, own.tokens + list(unread))
             looks.append(None if look is None else int(look).bit_length())
         return looks
 
