@@ -113,7 +113,8 @@ def test_promised_gain_is_optimistic_for_a_try_and_prices_the_best_member_otherw
     target = make_target("llama", num_hidden_layers=2)
     router = make_router(target)
     state = router.new_draft_state(2)
-    router.verify_cost_model = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 1.3]], context=0)
+    # two requests verify together as one did (the per-request figures below); see the end for a costlier batch
+    router.verify_cost_model = VerifyCostModel(rows=[1, 2], tokens=[1, 4], seconds=[[1.0, 1.3]] * 2, context=0)
     assert router.promised_gain(state) > 0  # fresh requests: their members are due a try
     router.member_seconds = [0.05, 0.1, 0.01]
     for row in state.rows:  # both requests have tried MTP and DFly; the suffix member judges by its outlook
@@ -134,6 +135,12 @@ def test_promised_gain_is_optimistic_for_a_try_and_prices_the_best_member_otherw
     for row in state.rows:  # a member not tried for explore_tokens tokens is due again
         row.members[0].since = router.config.explore_tokens
     assert router.choice(state, 0) == (0, None, True) and router.promised_gain(state) > 0
+    # where widening the batch's verify costs more (compute-bound), the same record promises less
+    for row in state.rows:
+        row.members[0].since = 0
+    cheap = router.promised_gain(state)
+    router.verify_cost_model = VerifyCostModel(rows=[1, 2], tokens=[1, 4], seconds=[[1.0, 1.3], [1.0, 2.5]], context=0)
+    assert router.promised_gain(state) < cheap
 
 
 def test_a_member_that_loses_its_tries_sits_out_the_tries_of_the_next_requests():

@@ -4,11 +4,11 @@ No single drafter wins everywhere (AngelSpec): an MTP head for open chat, block 
 suffix matching where the output repeats its input. Each round the router drafts every request with the member that
 promises it the most tokens per second,
 
-    score(r, m) = (1 + a_rm) / (t_m + t_v(1 + n_rm)),
+    score(r, m) = (1 + a_rm) / (t_m + t_v(R, 1 + n_rm)),
 
 a_rm and n_rm being the tokens request r accepted and had verified per round when member m last drafted it
 (averaged; a member new to the request starts from its average over requests), t_m the member's drafting time
-plus its catch-up on request r and t_v the profiled verify cost. A member not chosen does not run: the verified
+plus its catch-up on request r and t_v the profiled verify cost of the batch of R requests. A member not chosen does not run: the verified
 tokens wait for it and it reads them all when next chosen, so its catch-up (its measured time per token read beyond
 a usual round's, times the tokens waiting) is charged to the round that switches to it; a member that reads for
 free (suffix) has none. The router's promise to the verify policy counts it, so the policy adds no catch-up price
@@ -287,10 +287,11 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             looks.append(None if look is None else int(look).bit_length())
         return looks
 
-    def score(self, row: RouterRow, m: int, bucket: int | None = None, pending: int = 0) -> float:
+    def score(self, row: RouterRow, m: int, bucket: int | None = None, pending: int = 0, rows: int = 1) -> float:
         """Expected tokens per second of a round drafted by member m for this request (module docstring), its
-        catch-up on the tokens waiting for it (`pending` more verified since the router last drafted) included;
-        for a member with an outlook, a_m and n_m are its record at this outlook's bucket."""
+        catch-up on the tokens waiting for it (`pending` more verified since the router last drafted) included, in
+        a batch of `rows` requests; for a member with an outlook, a_m and n_m are its record at this outlook's
+        bucket."""
         own = row.members[m]
         if bucket is not None:
             accepted, verified = self.bucket_record[m].get(bucket, (PRIOR_ACCEPTED, PRIOR_ACCEPTED))
@@ -298,7 +299,7 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             accepted = own.accepted if own.accepted is not None else self.member_accepted[m]
             verified = own.verified if own.verified is not None else self.member_verified[m]
         seconds = (self.member_seconds[m] or 0.0) + self.catch_up_seconds_of(m, len(own.tokens) + pending)
-        return self._rate(accepted or 0.0, verified or 0.0, seconds)
+        return self._rate(accepted or 0.0, verified or 0.0, seconds, rows)
 
     def catch_up_seconds_of(self, m: int, waiting: int) -> float:
         """Member m's time to read `waiting` verified tokens beyond a usual round's (none for a member that reads
@@ -308,11 +309,13 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             return 0.0
         return (waiting - usual) * (self.member_read_seconds[m] or 0.0)
 
-    def _rate(self, accepted: float, verified: float, seconds: float) -> float:
-        """(1 + a) / (t + t_v(1 + n)): tokens per second of a round that drafts for `seconds` and verifies n
-        drafts, a of them accepted (t_v the profiled verify cost; without a profile, one unit per token)."""
+    def _rate(self, accepted: float, verified: float, seconds: float, rows: int = 1) -> float:
+        """(1 + a) / (t + t_v(R, 1 + n)): a request's tokens per second in a round of R = `rows` requests that
+        drafts for `seconds` and verifies n drafts per request, a of them accepted (t_v the profiled verify cost of
+        the batch, whose widening costs more where the verify forward is compute-bound; without a profile, one unit
+        per token)."""
         width = 1 + verified
-        verify = self.verify_cost_model(1, width) if self.verify_cost_model is not None else width
+        verify = self.verify_cost_model(rows, width) if self.verify_cost_model is not None else width
         return (1 + accepted) / (seconds + verify)
 
     def admit(self, row: RouterRow) -> None:
@@ -340,9 +343,10 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         a loss doubles it, across requests and on this request."""
         row = state.rows[r]
         looks = self.outlooks(state, r)
-        others = [self.score(row, o, looks[o]) for o in range(len(self.members)) if o != m]
-        rate = self._rate(accepted, verified, self.member_seconds[m] or 0.0)
-        if rate >= max(others, default=0.0) and rate > self._rate(0.0, 0.0, 0.0):  # the latter: no drafts
+        rows = len(state.rows)
+        others = [self.score(row, o, looks[o], rows=rows) for o in range(len(self.members)) if o != m]
+        rate = self._rate(accepted, verified, self.member_seconds[m] or 0.0, rows)
+        if rate >= max(others, default=0.0) and rate > self._rate(0.0, 0.0, 0.0, rows):  # the latter: no drafts
             self.try_backoff[m] = self.try_wait[m] = 0
             return
         self.try_backoff[m] = min(MAX_TRY_BACKOFF, max(1, 2 * self.try_backoff[m]))
@@ -358,7 +362,8 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         if due:
             m = min(due, key=lambda m: self.member_seconds[m] or 0.0)
             return m, None, True
-        m = max(range(len(self.members)), key=lambda m: self.score(row, m, looks[m], len(pending)))
+        rows = len(state.rows)
+        m = max(range(len(self.members)), key=lambda m: self.score(row, m, looks[m], len(pending), rows))
         return m, looks[m], False
 
     def promised_gain(self, state: RouterDraftState, pending: list[list[int]] | None = None) -> float | None:
@@ -368,13 +373,14 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         drafted. None without a profile."""
         if self.verify_cost_model is None or not state.rows:
             return None
-        plain = self._rate(0.0, 0.0, 0.0)  # r_0: no drafts
+        plain = self._rate(0.0, 0.0, 0.0, len(state.rows))  # r_0: no drafts
         pending = pending or [[] for _ in state.rows]
         self.read_ahead(state, pending)
         gains = []
         for r, row in enumerate(state.rows):
             m, bucket, trying = self.choice(state, r, pending[r])
-            gains.append(UNTRIED_GAIN if trying else 1 - plain / self.score(row, m, bucket, len(pending[r])))
+            rate = self.score(row, m, bucket, len(pending[r]), len(state.rows))
+            gains.append(UNTRIED_GAIN if trying else 1 - plain / rate)
         return sum(gains) / len(gains)
 
     def read_ahead(self, state: RouterDraftState, pending: list[list[int]]) -> None:
