@@ -103,7 +103,7 @@ def assert_target_law(counts, law):
 def frozen_calibration(monkeypatch):
     """Keep D-cut's confidences raw, so its cut keeps depending on the drafted probabilities (the adversarial case:
     a calibrator that learns a confidently wrong drafter away would stop drafting and test nothing)."""
-    monkeypatch.setattr(ConfidenceCalibrator, "update", lambda self, raw, accepted: None)
+    monkeypatch.setattr(ConfidenceCalibrator, "update", lambda self, raw, accepted, sources=None: None)
 
 
 def rotating_members(monkeypatch):
