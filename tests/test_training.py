@@ -220,7 +220,10 @@ def test_a_cpu_budget_stops_training_with_a_save_and_counts_across_resumption(
     with open(tmp_path / "checkpoint-1" / "trainer_state.json") as handle:
         saved = [entry["cpu_hours"] for entry in json.load(handle)["log_history"] if "cpu_hours" in entry]
     budget = 60 * saved[-1] + 1e-3
-    resumed = make_trainer(chat_target, smollm2_tokenizer, dataset, tmp_path, save_strategy="steps", save_steps=100)
+    # far more steps than that budget's 0.06 CPU-seconds allow, however fast this machine is: the budget stops it
+    resumed = make_trainer(
+        chat_target, smollm2_tokenizer, dataset, tmp_path, save_strategy="steps", save_steps=1000, max_steps=200
+    )
     resumed.add_callback(CpuClockCallback(max_cpu_minutes=budget))
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
     hours = [entry["cpu_hours"] for entry in resumed.state.log_history if "cpu_hours" in entry]
