@@ -28,6 +28,18 @@ import torch
 from safetensors.torch import save_file
 
 
+def draft_to_target_offsets(drafter) -> torch.Tensor:
+    """vLLM's `d2t` map of a reduced draft vocabulary: target id = draft id + d2t[draft id]."""
+    draft_ids = torch.arange(drafter.config.draft_vocab_size, device=drafter.draft_to_target.device)
+    return drafter.draft_to_target - draft_ids
+
+
+def target_layer_settings(config) -> dict:
+    """The target's config values an exported config starts from (its identity and layer types left out)."""
+    skipped = ("architectures", "auto_map", "_name_or_path", "transformers_version", "layer_types")
+    return {key: value for key, value in config.target_config.items() if key not in skipped}
+
+
 def dflash_tensors(drafter) -> dict[str, torch.Tensor]:
     """The DFlash layout's tensors, from a DFly drafter in its DFlash configuration (see the module docstring)."""
     from .models.dfly import DFlyConfig
@@ -48,8 +60,7 @@ def dflash_tensors(drafter) -> dict[str, torch.Tensor]:
     tensors.update({name: value for name, value in state.items() if name.startswith(("layers.", "norm."))})
     if config.draft_vocab_size:
         tensors["lm_head.weight"] = state["lm_head.weight"]
-        draft_ids = torch.arange(config.draft_vocab_size, device=drafter.draft_to_target.device)
-        tensors["d2t"] = drafter.draft_to_target - draft_ids
+        tensors["d2t"] = draft_to_target_offsets(drafter)
     return {name: value.detach().contiguous().cpu() for name, value in tensors.items()}
 
 
@@ -57,11 +68,7 @@ def dflash_config(drafter) -> dict:
     """config.json of the DFlash layout: the target family's layer settings with the drafter's layer count, plus
     `block_size`, `num_target_layers` and `dflash_config` (mask token, 0-based tapped layers)."""
     config = drafter.config
-    exported = {
-        key: value
-        for key, value in config.target_config.items()
-        if key not in ("architectures", "auto_map", "_name_or_path", "transformers_version", "layer_types")
-    }
+    exported = target_layer_settings(config)
     exported.update(
         architectures=["DFlashDraftModel"],
         model_type=config.target_model_type,
@@ -110,7 +117,7 @@ def eagle3_tensors(drafter) -> dict[str, torch.Tensor]:
         "midlayer.hidden_norm.weight": state["hidden_norm.weight"],
         "norm.weight": state["norm.weight"],
         "lm_head.weight": state["lm_head.weight"],
-        "d2t": drafter.draft_to_target - torch.arange(config.draft_vocab_size, device=drafter.draft_to_target.device),
+        "d2t": draft_to_target_offsets(drafter),
         "t2d": torch.zeros(config.vocab_size, dtype=torch.bool).index_fill_(0, drafter.draft_to_target.cpu(), True),
     }
     tensors.update(
@@ -123,11 +130,7 @@ def eagle3_config(drafter) -> dict:
     """config.json of the EAGLE-3 layout: the target's layer settings for one Llama midlayer, the draft vocabulary
     and the aux layers in the engines' indexing."""
     config = drafter.config
-    exported = {
-        key: value
-        for key, value in config.target_config.items()
-        if key not in ("architectures", "auto_map", "_name_or_path", "transformers_version", "layer_types")
-    }
+    exported = target_layer_settings(config)
     aux_layer_ids = sorted(i + 1 for i in config.target_layer_ids)
     exported.update(
         architectures=["LlamaForCausalLMEagle3"],

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 from conftest import ARCHITECTURES, make_target
-from transformers import AutoConfig, AutoModel
+from transformers import AutoModel
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
 
@@ -175,15 +175,7 @@ def glm_target_with_native_mtp(directory, hidden_states_first=False):
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM
 
-    values = dict(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        tie_word_embeddings=False,
-        first_k_dense_replace=1,
+    moe = dict(
         n_routed_experts=4,
         num_experts_per_tok=2,
         n_shared_experts=1,
@@ -191,9 +183,7 @@ def glm_target_with_native_mtp(directory, hidden_states_first=False):
         n_group=1,
         topk_group=1,
     )
-    torch.manual_seed(0)
-    with_block = AutoModelForCausalLM.from_config(AutoConfig.for_model("glm4_moe", num_hidden_layers=47, **values))
-    with_block.lm_head.weight.data.mul_(8.0)
+    with_block = make_target("glm4_moe", dtype=torch.float32, num_hidden_layers=47, first_k_dense_replace=1, **moe)
     with_block.save_pretrained(directory)  # layer 46 is the MTP block
     path = os.path.join(directory, "model.safetensors")
     tensors = load_file(path)

@@ -1,5 +1,6 @@
 """TTT training with the Trainer: data, online/offline hidden states, acceptance callback, resume, CPU DDP."""
 
+import importlib
 import json
 import os
 import re
@@ -23,6 +24,15 @@ from angelspec_hf.training.regenerate import read_responses, regenerate_response
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def example(name: str):
+    """A script of examples/ as a module (they are not a package)."""
+    sys.path.insert(0, os.path.join(REPO, "examples"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
 
 
 @pytest.fixture(scope="module")
@@ -248,11 +258,7 @@ def test_resume_from_checkpoint_continues_the_same_run(chat_target, smollm2_toke
 
 def test_example_script_trains_dfly_with_the_same_trainer(chat_target, smollm2_tokenizer, responses, tmp_path):
     """One trainer, one script: DFly (hybrid conditioning, AR head, LK loss, online hidden states) trains too."""
-    sys.path.insert(0, os.path.join(REPO, "examples"))
-    try:
-        from train_drafter import main as train_main
-    finally:
-        sys.path.pop(0)
+    train_main = example("train_drafter").main
     target_dir = tmp_path / "target"
     chat_target.save_pretrained(target_dir)
     smollm2_tokenizer.save_pretrained(target_dir)
@@ -344,12 +350,8 @@ def test_top_k_distillation_is_the_full_kl_when_k_covers_the_vocabulary():
 
 
 def test_every_recipe_ladder_rung_is_a_valid_training_command():
-    sys.path.insert(0, os.path.join(REPO, "examples"))
-    try:
-        from recipe_ladder import RUNGS
-        from train_drafter import parse_arguments
-    finally:
-        sys.path.pop(0)
+    RUNGS = example("recipe_ladder").RUNGS
+    parse_arguments = example("train_drafter").parse_arguments
     for kind, rungs in RUNGS.items():
         config = os.path.join(REPO, "examples", "configs", f"smollm2_{kind}_ladder.yaml")
         for name, overrides in rungs.items():
@@ -361,11 +363,7 @@ def test_every_recipe_ladder_rung_is_a_valid_training_command():
 
 
 def test_yaml_config_keeps_null_and_lists_and_refuses_unknown_keys(tmp_path):
-    sys.path.insert(0, os.path.join(REPO, "examples"))
-    try:
-        from train_drafter import parse_arguments
-    finally:
-        sys.path.pop(0)
+    parse_arguments = example("train_drafter").parse_arguments
     config = tmp_path / "run.yaml"
     config.write_text(
         "drafter_type: mtp\ninit_from: null\nmax_cpu_minutes: null\ntarget_layer_ids: [1, 14]\n"
@@ -380,11 +378,7 @@ def test_yaml_config_keeps_null_and_lists_and_refuses_unknown_keys(tmp_path):
 
 
 def test_mtp_starting_points_are_checked_when_the_command_is_parsed(tmp_path):
-    sys.path.insert(0, os.path.join(REPO, "examples"))
-    try:
-        from train_drafter import parse_arguments
-    finally:
-        sys.path.pop(0)
+    parse_arguments = example("train_drafter").parse_arguments
     config = tmp_path / "run.yaml"
     config.write_text("responses: r.jsonl.gz\noutput_dir: runs/x\n")
     drafter_args, _, _ = parse_arguments(["--config", str(config), "--native_mtp", "true"])
@@ -400,11 +394,7 @@ def test_mtp_starting_points_are_checked_when_the_command_is_parsed(tmp_path):
 
 @pytest.mark.parametrize("kind", ["mtp", "mtp_long_taps", "dfly", "dflash"])
 def test_long_run_configs_parse_with_checkpoints_inside_fifteen_minutes(kind):
-    sys.path.insert(0, os.path.join(REPO, "examples"))
-    try:
-        from train_drafter import parse_arguments
-    finally:
-        sys.path.pop(0)
+    parse_arguments = example("train_drafter").parse_arguments
     name = kind if kind.endswith("_long_taps") else f"{kind}_long"
     drafter_args, data_args, training_args = parse_arguments(
         ["--config", os.path.join(REPO, "examples", "configs", f"smollm2_{name}.yaml")]

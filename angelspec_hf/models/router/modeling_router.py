@@ -8,11 +8,11 @@ promises it the most tokens per second,
 
 a_rm and n_rm being the tokens request r accepted and had verified per round when member m last drafted it
 (averaged; a member new to the request starts from its average over requests), t_m the member's drafting time
-plus its catch-up on request r and t_v the profiled verify cost of the batch of R requests. A member not chosen does not run: the verified
-tokens wait for it and it reads them all when next chosen, so its catch-up (its measured time per token read beyond
-a usual round's, times the tokens waiting) is charged to the round that switches to it; a member that reads for
-free (suffix) has none. The router's promise to the verify policy counts it, so the policy adds no catch-up price
-of its own. A request tries every member once, and again each
+plus its catch-up on request r, and t_v the profiled verify cost of the batch of R requests. A member not chosen
+does not run: the verified tokens wait for it and it reads them all when next chosen, so its catch-up (its measured
+time per token read beyond a usual round's, times the tokens waiting) is charged to the round that switches to it;
+a member that reads for free (suffix) has none. The router's promise to the verify policy counts it, so the policy
+adds no catch-up price of its own. A request tries every member once, and again each
 `explore_tokens` verified tokens a member has not drafted it, so no estimate goes stale; the router tells the verify
 policy what its next round promises (`promised_gain`), optimistic for such a try. A try costs the member's catch-up
 on the request's whole backlog (a long prompt), so tries back off across requests: a member whose try loses (the
@@ -301,10 +301,14 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         seconds = (self.member_seconds[m] or 0.0) + self.catch_up_seconds_of(m, len(own.tokens) + pending)
         return self._rate(accepted or 0.0, verified or 0.0, seconds, rows)
 
+    def usual_width(self, m: int) -> int:
+        """Verified tokens member m reads in a usual round: its drafts per round and the bonus token."""
+        return int(self.members[m].generation_config.num_assistant_tokens) + 1
+
     def catch_up_seconds_of(self, m: int, waiting: int) -> float:
         """Member m's time to read `waiting` verified tokens beyond a usual round's (none for a member that reads
         for free; unknown until it has caught up once, counted as none then: its first try is exploration)."""
-        usual = int(self.members[m].generation_config.num_assistant_tokens) + 1
+        usual = self.usual_width(m)
         if self.members[m].reads_for_free or waiting <= usual:
             return 0.0
         return (waiting - usual) * (self.member_read_seconds[m] or 0.0)
@@ -505,12 +509,10 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             keep_drafting=keep_drafting if whole else picker.keep_drafting,
             new_lengths=lengths,
         )
-        seconds, usual = time.perf_counter() - start, int(member.generation_config.num_assistant_tokens) + 1
-        if num_tokens == 0:  # reading only (a free reader catching up): no drafting time to learn from
-            pass
-        elif width <= usual:  # a usual round's drafting time
+        seconds, usual = time.perf_counter() - start, self.usual_width(m)
+        if num_tokens and width <= usual:  # a usual round's drafting time (reading only teaches none)
             self.member_seconds[m] = _average(self.member_seconds[m], seconds)
-        else:  # a catch-up on a backlog: the time per token read beyond a usual round
+        elif num_tokens:  # a catch-up on a backlog: the time per token read beyond a usual round
             per_token = max(0.0, seconds - (self.member_seconds[m] or 0.0)) / (width - usual)
             self.member_read_seconds[m] = _average(self.member_read_seconds[m], per_token)
         if not whole:
