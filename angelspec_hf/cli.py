@@ -5,6 +5,7 @@ prompt set through the batched engine, `profile` the verify cost D-cut plans wit
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -74,7 +75,7 @@ def _teacher_forced(args: argparse.Namespace) -> None:
     print(f"{len(records)} teacher-forced responses, {tokens} response tokens, in {args.output}")
 
 
-DEFAULT_DRAFTER = "smollm2-135m-instruct-mtp"  # a shipped card: angelspec_hf.load_drafter finds it
+DEFAULT_DRAFTER = "smollm2-135m-instruct-suffix"  # a shipped card (the fastest on MT-bench): load_drafter finds it
 DEMO_PROMPTS = [
     "Give me three tips for staying focused while working from home.",
     "Explain what a hash table is to a first-year student.",
@@ -104,7 +105,7 @@ def _demo(args: argparse.Namespace) -> None:
         input_ids, assistant_model=drafter, max_new_tokens=args.max_new_tokens, do_sample=False
     )
     print(
-        f"\nPrompt: {prompts[0]}\nSmolLM2 + MTP drafter: {target.tokenizer.decode(sample[0, input_ids.shape[1] :], skip_special_tokens=True)}\n"
+        f"\nPrompt: {prompts[0]}\nSmolLM2 + {drafter.config.drafter_kind} drafter: {target.tokenizer.decode(sample[0, input_ids.shape[1] :], skip_special_tokens=True)}\n"
     )
     print(format_table(results))
     speculative = results["methods"][1]
@@ -261,6 +262,45 @@ def _export(args: argparse.Namespace) -> None:
     print(f"{args.format} checkpoint in {folder}")
 
 
+def _index_outputs(args: argparse.Namespace) -> None:
+    from .hub import load_drafter
+    from .models.router.modeling_router import RouterDrafter
+    from .models.suffix.modeling_suffix import SuffixDrafter
+    from .training.regenerate import read_responses
+
+    missing = [path for path in args.responses.split(",") if not os.path.isfile(path)]
+    if missing:
+        raise UsageError(f"--responses: no such file {missing[0]}")
+    drafter = load_drafter(args.drafter)
+    suffix = drafter
+    if isinstance(drafter, RouterDrafter):  # the router's suffix member
+        suffix = next((member for member in drafter.members if isinstance(member, SuffixDrafter)), None)
+    if not isinstance(suffix, SuffixDrafter):
+        raise UsageError(f"--drafter {args.drafter}: neither a suffix drafter nor a router with a suffix member")
+    records = read_responses(args.responses)
+    if args.exclude:  # evaluation prompts: their responses would replay the answers a benchmark asks for
+        from .prompts import load_prompts
+
+        def normal(prompt: str) -> str:
+            return " ".join(prompt.lower().split())
+
+        excluded = {
+            normal(row["prompt"])
+            for source in args.exclude.split(",")
+            for row in load_prompts(source, data_dir=args.data_dir)
+        }
+        kept = [record for record in records if normal(record["prompt"]) not in excluded]
+        print(f"{len(records) - len(kept)} responses left out: their prompts are in {args.exclude}")
+        records = kept
+    responses = [record["response_ids"] for record in records]
+    suffix.index_outputs([ids if isinstance(ids, list) else json.loads(ids) for ids in responses], args.max_tokens)
+    drafter.save_pretrained(args.output)
+    print(
+        f"{len(responses)} responses into the shared index of {args.output}: "
+        f"{len(suffix.shared_index)} tokens (at most {suffix.config.shared_index_max_tokens})"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="angelspec", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -304,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     teacher_forced.set_defaults(func=_teacher_forced)
     regenerate.set_defaults(func=_regenerate)
 
-    demo = add_command("demo", help="SmolLM2 with the shipped MTP drafter: outputs, τ and speedup")
+    demo = add_command("demo", help="SmolLM2 with a shipped drafter (the suffix one): outputs, τ and speedup")
     add_target_arguments(demo)
     demo.add_argument("--drafter", default=DEFAULT_DRAFTER, help="a drafter folder, shipped drafter name or Hub id")
     demo.add_argument("--limit", type=positive_int, default=5, help="how many MT-bench prompts")
@@ -377,6 +417,21 @@ def build_parser() -> argparse.ArgumentParser:
     curve.add_argument("--output", default=None, help="PNG of the curves")
     curve.set_defaults(func=_curve)
 
+    index = add_command(
+        "index-outputs", help="seed a suffix drafter's shared index with the target's responses (a datastore)"
+    )
+    index.add_argument("--drafter", required=True, help="a suffix drafter, or a router with a suffix member")
+    index.add_argument(
+        "--responses", required=True, help="regenerated-responses files (gzipped JSONL), comma-separated"
+    )
+    index.add_argument("--max-tokens", type=positive_int, default=None, help="the index's bound (default: kept)")
+    index.add_argument(
+        "--exclude", default=None, help="prompt sets (comma-separated) whose prompts' responses are left out"
+    )
+    index.add_argument("--data-dir", default=None)
+    index.add_argument("--output", required=True, help="the folder to save the drafter with its index to")
+    index.set_defaults(func=_index_outputs)
+
     suite_parser = add_command(
         "suite", help="every method on every domain, plus the batched engine: JSON, Markdown, plots"
     )
@@ -435,6 +490,8 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise UsageError(f"--python-source {args.python_source}: no such folder")
     if args.command == "regenerate":
         sources = args.sources.split(",")
+    elif args.command == "index-outputs":
+        sources = args.exclude.split(",") if args.exclude else []
     else:
         sources = [args.prompts] if hasattr(args, "prompts") else []
     for source in sources:
@@ -444,7 +501,8 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise UsageError(str(error)) from None
     for flag, dest in (("--output", "output"), ("--benchmarks-md", "benchmarks_md"), ("--output-dir", "output_dir")):
         if getattr(args, dest, None):
-            _check_writable(flag, getattr(args, dest), folder=dest == "output_dir")
+            folder = dest == "output_dir" or args.command == "index-outputs"  # that one saves a drafter folder
+            _check_writable(flag, getattr(args, dest), folder=folder)
     if args.command == "bench" and args.concurrency and args.limit is not None:
         needed = max(max(int(c) for c in args.concurrency.split(",")), args.min_requests)
         if args.limit < needed:

@@ -303,7 +303,7 @@ def test_help_and_version_import_neither_torch_nor_transformers(argv):
 
 
 def test_a_shipped_drafter_is_taken_by_name():
-    """`--drafter smollm2-135m-instruct-mtp` (the demo default) passes the checks and reaches the load."""
+    """`--drafter smollm2-135m-instruct-mtp` (a shipped card's name) passes the checks and reaches the load."""
     with pytest.raises(AssertionError, match="a model was loaded"):
         main(["demo", "--drafter", "smollm2-135m-instruct-mtp"])
 

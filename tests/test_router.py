@@ -14,6 +14,7 @@ from transformers import AutoModel
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, RouterDrafter, SuffixDrafter
 from angelspec_hf.generation.dcut import DraftRound, VerifyCostModel
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
+from angelspec_hf.models.router.modeling_router import TRY_SHARE
 
 
 def make_router(target, **suffix_options):
@@ -119,8 +120,8 @@ def test_promised_gain_is_optimistic_for_a_try_and_prices_the_best_member_otherw
     router.member_seconds = [0.05, 0.1, 0.01]
     for row in state.rows:  # both requests have tried MTP and DFly; the suffix member judges by its outlook
         for own, accepted in zip(row.members[:2], (0.1, 0.2)):
-            own.accepted, own.verified = accepted, 2.0
-    router.bucket_record[2][0] = (0.0, 0.0)  # no match: nothing accepted
+            own.accepted, own.verified = accepted, {2: 1.0}
+    router.bucket_record[2][0] = (0.0, {0: 1.0})  # no match: nothing accepted
     # DFly: (1 + 0.2) / (0.1 + t_v(3) = 1.2) tokens per second, MTP less; the suffix member without a match drafts
     # nothing for its 0.01 s, 1 / 1.01: the best, and still below the 1 token per second of not drafting
     assert router.score(state.rows[0], 1) == pytest.approx(1.2 / 1.3)
@@ -129,7 +130,7 @@ def test_promised_gain_is_optimistic_for_a_try_and_prices_the_best_member_otherw
     assert router.promised_gain(state) == pytest.approx(1 - 1.01)
     for index in state.members[2].rows:  # now each request's text repeats: the suffix member sees a match
         index.extend([1, 2, 3, 4, 5, 1, 2, 3])
-    router.bucket_record[2][int(3).bit_length()] = (3.0, 3.0)
+    router.bucket_record[2][int(3).bit_length()] = (3.0, {3: 1.0})
     assert router.choice(state, 0)[:2] == (2, 2)
     assert router.promised_gain(state) == pytest.approx(1 - 1 / (4.0 / (0.01 + 1.3)))
     for row in state.rows:  # a member not tried for explore_tokens tokens is due again
@@ -150,7 +151,7 @@ def test_a_member_that_loses_its_tries_sits_out_the_tries_of_the_next_requests()
     router = make_router(target)
     router.verify_cost_model = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 1.3]], context=0)
     router.member_seconds = [0.05, 0.1, 0.01]
-    router.bucket_record[2][0] = (0.0, 0.0)  # the suffix member without a match accepts nothing
+    router.bucket_record[2][0] = (0.0, {0: 1.0})  # the suffix member without a match accepts nothing
 
     def first_request_trying_mtp(result: int) -> int:
         """Admit new requests until one tries MTP; that try accepts `result` of 3 drafts. Returns requests skipped."""
@@ -224,7 +225,7 @@ def test_switching_to_a_member_pays_for_its_catch_up_and_the_policy_adds_none():
     state = router.new_draft_state(1)
     row = state.rows[0]
     for own in row.members:
-        own.accepted, own.verified = 1.0, 2.0
+        own.accepted, own.verified = 1.0, {2: 1.0}
     caught_up = router.score(row, 0)
     row.members[0].tokens = list(range(104))  # 100 beyond MTP's usual round of 1 + 3
     assert router.score(row, 0) == pytest.approx(2.0 / (0.05 + 100 * 0.002 + 1.2))
@@ -267,3 +268,65 @@ def test_the_suffix_member_reads_the_backlog_before_the_router_weighs_it():
     assert len(state.rows[0].members[0].tokens) == len(text) + 1  # MTP still has everything to read
     router.promised_gain(state, [[11, 12]])  # two more verified: read ahead, and never matched as if twice
     assert router.outlooks(state, 0, [11, 12])[2] == int(6).bit_length()  # "7 8 9 10 11 12" seen before
+
+
+def test_a_batch_of_new_requests_tries_each_member_on_one_request_at_a_time():
+    """Requests admitted together do not all pay a try (each reads a whole prompt): one tries each member, the others
+    go by its verdict, and once the try is judged the next new request may try again."""
+    target = make_target("llama", num_hidden_layers=2)
+    router = make_router(target)
+    router.verify_cost_model = VerifyCostModel(rows=[1, 4], tokens=[1, 4], seconds=[[1.0, 1.3]] * 2, context=0)
+    state = router.new_draft_state(4)
+    choices = [router.choice(state, r) for r in range(4)]
+    assert choices[0][2] and not any(trying for _, _, trying in choices[1:])
+    assert [row.members[0].tries for row in state.rows] == [True, False, False, False]
+    state.rows[0].last_member, state.rows[0].last_try = choices[0][0], True
+    router.record_acceptance(state, [3, 0, 0, 0], [3, 0, 0, 0])  # the try wins: no backoff
+    state.add_rows(1)
+    assert choices[0][0] == 0 and router.choice(state, 4) == (0, None, True)  # MTP's try is judged: tried again
+    assert not state.rows[4].members[1].tries  # DFly's first try (request 0's) is still to come
+
+
+def test_a_members_record_prices_its_rounds_by_the_mean_verify_cost_not_the_cost_at_the_mean_depth():
+    """Cuts that verify nothing on some rounds and seven drafts on others cost the mean of t_v over those rounds;
+    on a machine whose verify of 4 or 8 tokens costs about what one of 2 or 3 does (as measured here), t_v at the
+    mean depth would overprice them."""
+    target = make_target("llama", num_hidden_layers=2)
+    router = make_router(target)
+    model = VerifyCostModel(rows=[1], tokens=[1, 2, 3, 4, 8], seconds=[[1.0, 1.6, 2.0, 1.5, 1.6]], context=0)
+    router.verify_cost_model = model
+    router.member_seconds = [0.05, 0.1, 0.0]
+    state = router.new_draft_state(1)
+    row = state.rows[0]
+    for verified, accepted in [(0, 0), (7, 3)] * 20:
+        row.last_member, row.last_bucket = 2, 3
+        router.record_acceptance(state, [verified], [accepted])
+    accepted, law = router.bucket_record[2][3]
+    assert sum(law.values()) == pytest.approx(1.0) and set(law) == {0, 7, 1}  # the prior's weight has decayed
+    mean_cost = sum(weight * model(1, 1 + n) for n, weight in law.items())
+    assert router.score(row, 2, 3) == pytest.approx((1 + accepted) / mean_cost)
+    depth = sum(weight * n for n, weight in law.items())
+    assert mean_cost < model(1, 1 + depth)  # what pricing the mean depth would have charged
+
+
+def test_a_try_waits_until_reading_the_backlog_costs_a_small_share_of_the_requests_decoding():
+    """After a long prompt a try's catch-up (reading the prompt) would cost more than it could win back: it waits
+    until the request has decoded long enough that the catch-up is at most TRY_SHARE of that time."""
+    target = make_target("llama", num_hidden_layers=2)
+    router = make_router(target)
+    router.verify_cost_model = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 1.3]], context=0)
+    router.member_read_seconds = [0.01, 0.01, None]  # MTP and DFly have caught up before: reading costs 0.01 s/token
+    state = router.new_draft_state(1)
+    row = state.rows[0]
+    router.admit(state, 0)
+    row.prompt = row.read = 1000
+    row.members[0].tokens = row.members[1].tokens = [0] * 1000  # the prompt, unread: about 10 s to read
+    assert not router.needs_try(row, 0) and router.choice(state, 0)[0] == 2  # the suffix member drafts meanwhile
+    needed = int(router.catch_up_seconds_of(0, 1000) / (TRY_SHARE * 1.0)) + 1
+    row.read = 1000 + needed
+    assert router.needs_try(row, 0) and router.choice(state, 0) == (0, None, True)
+    row.members[0].tokens = row.members[1].tokens = [0] * 10  # a short prompt: tried after two tokens
+    row.read = row.prompt + 1
+    assert not router.needs_try(row, 0)
+    row.read = row.prompt + 2
+    assert router.needs_try(row, 0)

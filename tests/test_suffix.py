@@ -14,7 +14,13 @@ from transformers import AutoModel
 import angelspec_hf
 from angelspec_hf import SuffixDrafter
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
-from angelspec_hf.models.suffix.modeling_suffix import SuffixIndex, draft_log_probabilities
+from angelspec_hf.models.suffix.modeling_suffix import (
+    SharedIndex,
+    SuffixArrayIndex,
+    SuffixIndex,
+    draft_log_probabilities,
+    join,
+)
 
 
 def repeating_prompt(target, seed=3):
@@ -152,3 +158,117 @@ def test_another_vocabulary_or_tokenizer_is_refused(smollm2_tokenizer):
         drafter.bind_target(target, other)
     with pytest.raises(NotImplementedError, match="no weights to train"):
         drafter(None)
+
+
+def brute_force_match(text, suffix, key_length, max_match_length):
+    """The longest match of `suffix`'s end in `text` (sequences apart) followed by a token, and what followed every
+    occurrence that long: the definition the indexes implement."""
+    best, counts = 0, {}
+    for end in range(len(text) - 1):
+        if text[end + 1] == -1:
+            continue
+        length = 0
+        while (
+            length < min(len(suffix), max_match_length)
+            and end - length >= 0
+            and text[end - length] == suffix[-1 - length]
+        ):
+            length += 1
+        if length < max(best, key_length):
+            continue
+        if length > best:
+            best, counts = length, {}
+        counts[text[end + 1]] = counts.get(text[end + 1], 0) + 1
+    return best, counts
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_suffix_array_finds_the_longest_match_and_counts_every_occurrence(seed):
+    generator = torch.Generator().manual_seed(seed)
+    sequences = [torch.randint(0, 4, (int(n),), generator=generator).tolist() for n in torch.randint(1, 40, (8,))]
+    text = join(sequences)
+    index = SuffixArrayIndex(text, key_length=1 + seed % 2, max_match_length=6)
+    assert index.tokens == text
+    for _ in range(40):
+        suffix = torch.randint(0, 5, (int(torch.randint(1, 9, (1,), generator=generator)),), generator=generator)
+        expected = brute_force_match(text, suffix.tolist(), 1 + seed % 2, 6)
+        assert index.match(suffix.tolist()) == expected
+    assert SuffixArrayIndex([], 1, 6).match([1, 2]) == (0, {})
+
+
+def test_the_shared_index_folds_recorded_outputs_into_its_array_and_stays_bounded(monkeypatch):
+    monkeypatch.setattr("angelspec_hf.models.suffix.modeling_suffix.FOLD_TOKENS", 200)
+    index = SharedIndex(key_length=1, max_match_length=8, max_candidates=1000, max_tokens=200)
+    generator = torch.Generator().manual_seed(0)
+    added, both = [], False
+    for _ in range(20):
+        sequence = torch.randint(0, 5, (15,), generator=generator).tolist()
+        index.add_sequences([sequence])
+        added.append(sequence)
+        assert index.tokens == join(list(index.sequences)) and len(index) == len(index.tokens) <= 200
+        assert list(index.sequences) == added[-len(index.sequences) :]  # the newest kept, the oldest left first
+        for _ in range(10):
+            suffix = torch.randint(0, 5, (5,), generator=generator).tolist()
+            assert index.match(suffix) == brute_force_match(index.tokens, suffix, 1, 8)
+        both = both or bool(len(index.array) and len(index.recent))  # some folded in, the newest not yet
+    assert both and len(index.sequences) < 20
+    index.add_sequences([[7]])  # too short to follow anything: not kept
+    assert index.tokens[-1] != 7
+
+
+def test_the_index_outputs_command_seeds_the_shared_index_of_a_suffix_drafter_or_router(tmp_path, capsys):
+    import gzip
+    import json
+
+    from angelspec_hf import AngelSpecMTPDrafter, RouterDrafter
+    from angelspec_hf.cli import main
+
+    target = make_target("llama", num_hidden_layers=2)
+    responses = [[5, 6, 7, 8, 9], [5, 6, 7, 3], [40, 41]]
+    with gzip.open(tmp_path / "responses.jsonl.gz", "wt") as handle:
+        for ids in responses:
+            handle.write(json.dumps({"source": "s", "prompt": "p", "prompt_ids": [1], "response_ids": ids}) + "\n")
+    suffix = SuffixDrafter.from_target(target, shared_index_max_tokens=100)
+    suffix.save_pretrained(tmp_path / "suffix")
+    mtp = AngelSpecMTPDrafter.from_target(target, num_depths=2)
+    RouterDrafter.from_members([mtp, SuffixDrafter.from_target(target)]).save_pretrained(tmp_path / "router")
+    mtp.save_pretrained(tmp_path / "mtp")
+    main(["index-outputs", "--drafter", str(tmp_path / "suffix"), "--responses", str(tmp_path / "responses.jsonl.gz"),
+          "--output", str(tmp_path / "seeded"), "--max-tokens", "50"])  # fmt: skip
+    seeded = AutoModel.from_pretrained(tmp_path / "seeded")
+    assert seeded.shared_index.tokens == join(responses) and seeded.config.shared_index_max_tokens == 50
+    assert seeded.shared_index.match([1, 5, 6, 7]) == (3, {8: 1, 3: 1})  # both responses, counted
+    main(["index-outputs", "--drafter", str(tmp_path / "router"), "--responses", str(tmp_path / "responses.jsonl.gz"),
+          "--output", str(tmp_path / "router-seeded")])  # fmt: skip
+    router = AutoModel.from_pretrained(tmp_path / "router-seeded")
+    assert router.members[1].shared_index.tokens == join(responses)
+    (tmp_path / "evaluation.jsonl").write_text(json.dumps({"prompt": " P "}) + "\n")  # the responses' prompt "p"
+    main(["index-outputs", "--drafter", str(tmp_path / "suffix"), "--responses", str(tmp_path / "responses.jsonl.gz"),
+          "--output", str(tmp_path / "clean"), "--exclude", str(tmp_path / "evaluation.jsonl")])  # fmt: skip
+    assert len(AutoModel.from_pretrained(tmp_path / "clean").shared_index) == 0
+    for argv, problem in (
+        (["--drafter", tmp_path / "mtp", "--responses", tmp_path / "responses.jsonl.gz"], "neither a suffix drafter"),
+        (["--drafter", tmp_path / "suffix", "--responses", tmp_path / "missing.jsonl.gz"], "no such file"),
+        (
+            ["--drafter", tmp_path / "suffix", "--responses", tmp_path / "responses.jsonl.gz", "--exclude", "nope"],
+            "nope",
+        ),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["index-outputs", *map(str, argv), "--output", str(tmp_path / "out")])
+        assert exit_info.value.code == 2 and problem in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_row_drafts_from_its_own_text_unless_the_shared_index_matches_longer_by_more_than_the_margin():
+    target = make_target("llama", num_hidden_layers=2)
+    drafter = SuffixDrafter.from_target(target, shared_match_margin=1)
+    drafter.shared_index.add_sequences([[7, 8, 9, 10, 11, 50], [1, 2, 3, 60]])
+    state = drafter.new_draft_state(1)
+    state.rows[0].extend([10, 11, 40, 2, 3, 41])  # its own text: [10, 11] then 40, [2, 3] then 41
+    assert drafter.match(state, 0, [5, 1, 2, 3]) == (2, {41: 1})  # shared: 3 long, not more than 1 longer
+    assert drafter.match(state, 0, [8, 9, 10, 11]) == (4, {50: 1})  # shared: 4 long against 2
+    drafter.config.shared_index_max_tokens = 0  # no shared index at all
+    assert drafter.match(state, 0, [8, 9, 10, 11]) == (2, {40: 1})
+    with pytest.raises(ValueError, match="shared_match_margin"):
+        SuffixDrafter.from_target(target, shared_match_margin=-1)

@@ -4,18 +4,22 @@ No single drafter wins everywhere (AngelSpec): an MTP head for open chat, block 
 suffix matching where the output repeats its input. Each round the router drafts every request with the member that
 promises it the most tokens per second,
 
-    score(r, m) = (1 + a_rm) / (t_m + t_v(R, 1 + n_rm)),
+    score(r, m) = (1 + a_rm) / (t_m + E[t_v(R, 1 + n_rm)]),
 
-a_rm and n_rm being the tokens request r accepted and had verified per round when member m last drafted it
-(averaged; a member new to the request starts from its average over requests), t_m the member's drafting time
-plus its catch-up on request r, and t_v the profiled verify cost of the batch of R requests. A member not chosen
+a_rm being the tokens request r accepted per round when member m last drafted it and n_rm the drafts it had
+verified, whose law the router keeps (averaged; a member new to the request starts from its average over
+requests), t_m the member's drafting time plus its catch-up on request r, and t_v the profiled verify cost of the
+batch of R requests. The expectation is over the recorded law of n, not t_v at its mean: a cut verifies none on
+some rounds and many on others, and t_v is neither linear nor, on some machines, monotone. A member not chosen
 does not run: the verified tokens wait for it and it reads them all when next chosen, so its catch-up (its measured
 time per token read beyond a usual round's, times the tokens waiting) is charged to the round that switches to it;
 a member that reads for free (suffix) has none. The router's promise to the verify policy counts it, so the policy
 adds no catch-up price of its own. A request tries every member once, and again each
-`explore_tokens` verified tokens a member has not drafted it, so no estimate goes stale; the router tells the verify
+`explore_tokens` verified tokens a member has not drafted it, so no estimate goes stale (a request admitted while
+another's try of a member is pending does not try it, and goes by that try's verdict); the router tells the verify
 policy what its next round promises (`promised_gain`), optimistic for such a try. A try costs the member's catch-up
-on the request's whole backlog (a long prompt), so tries back off across requests: a member whose try loses (the
+on the request's whole backlog (a long prompt), so a try waits until that costs a small share of the request's
+decoding so far (`needs_try`), and tries back off across requests: a member whose try loses (the
 rate of its try round below the best other member's score, or below decoding without drafts) sits out the tries of
 the next `b` new requests, b doubling with each loss up to `MAX_TRY_BACKOFF` and back to 0 on a win; within a request, its
 re-try interval doubles with each loss there. Which member drafts a round reads only earlier rounds, and each
@@ -56,16 +60,30 @@ MEMBER_CLASSES = {
 }
 MEMBERS_FOLDER = "members"  # in a saved router, one drafter folder per member: members/<name>/
 PRIOR_ACCEPTED = 1.0  # tokens per round a member is credited with before its first round is averaged in
+PRIOR_VERIFIED = {1: 1.0}  # and the law of its drafts verified per round: one
 UNTRIED_GAIN = 0.5  # the saving promised for a round that tries a member never tried before
-AVERAGE = 0.3  # weight of the newest round in the router's running averages
+AVERAGE = 0.3  # weight of the newest round in the router's running averages (of a request, of a member)
+BUCKET_AVERAGE = 0.05  # and at least in an outlook bucket's record, pooled over requests: the mean of its first 20
 MAX_TRY_BACKOFF = 32  # most new requests a member that keeps losing its tries sits out between two tries
+TRY_SHARE = 0.05  # most of a request's decoding time so far that a try's catch-up (reading its backlog) may cost
+STALE_BUCKET_SKIPS = 8  # rounds an outlook bucket whose record says "skip" goes undrafted before it is re-probed
 
 
-def _average(old: float | None, new: float, first: float | None = None) -> float:
-    """Running average; the first observation is averaged with `first` (a prior) when one is given."""
+def _average(old: float | None, new: float, first: float | None = None, weight: float = AVERAGE) -> float:
+    """Running average (`weight` on the newest); the first observation is averaged with `first` (a prior) when one
+    is given."""
     if old is None:
         old = first
-    return new if old is None else (1 - AVERAGE) * old + AVERAGE * new
+    return new if old is None else (1 - weight) * old + weight * new
+
+
+def _average_law(
+    old: dict[int, float] | None, new: int, first: dict[int, float] | None = None, weight: float = AVERAGE
+) -> dict[int, float]:
+    """The running average of a count's law ({count: probability}), as `_average` of its indicator."""
+    law = {count: (1 - weight) * p for count, p in (old or first or {}).items()}
+    law[int(new)] = law.get(int(new), 0.0) + (weight if (old or first) else 1.0)
+    return law
 
 
 @dataclass
@@ -76,7 +94,7 @@ class MemberRow:
     tokens: list[int] = field(default_factory=list)
     hidden: list[tuple[torch.Tensor, ...]] = field(default_factory=list)  # per verify round, per member tap
     accepted: float | None = None  # a_rm
-    verified: float | None = None  # n_rm
+    verified: dict[int, float] | None = None  # the law of n_rm
     since: int = 0  # this request's verified tokens since the member last drafted it (read at propose time)
     tries: bool = True  # whether the member is tried on this request (its backoff across requests allows it)
     explore_every: int | None = None  # this request's re-try interval (explore_tokens, doubled by each lost try)
@@ -90,6 +108,8 @@ class RouterRow:
     last_try: bool = False  # that round tried the member
     admitted: bool = False  # the router has decided which members this request tries
     read_ahead: int = 0  # leading tokens of the next drafting round's backlog the free readers have read already
+    prompt: int | None = None  # tokens of the request's first round (its prompt)
+    read: int = 0  # tokens of the request the router has queued for its members, prompt included
 
 
 class RouterDraftState:
@@ -152,9 +172,12 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         self.member_seconds: list[float | None] = [None] * len(members)  # t_m of a usual round
         self.member_read_seconds: list[float | None] = [None] * len(members)  # per token read beyond a usual round
         self.member_accepted: list[float | None] = [None] * len(members)  # a_m over requests
-        self.member_verified: list[float | None] = [None] * len(members)
-        # For members with an outlook: (accepted, verified) per round, by outlook bucket.
-        self.bucket_record: list[dict[int, tuple[float, float]]] = [{} for _ in members]
+        self.member_verified: list[dict[int, float] | None] = [None] * len(members)
+        # For members with an outlook: (accepted, law of verified) per round, by outlook bucket, and the rounds each
+        # bucket has gone undrafted since it was last drafted (its record then is stale: see `promised_gain`).
+        self.bucket_record: list[dict[int, tuple[float, dict[int, float]]]] = [{} for _ in members]
+        self.bucket_skips: list[dict[int, int]] = [{} for _ in members]
+        self.bucket_rounds: list[dict[int, int]] = [{} for _ in members]  # rounds averaged into each record
         self.try_backoff = [0] * len(members)  # new requests a member sits out after a lost try (doubling)
         self.try_wait = [0] * len(members)  # new requests still to pass before the member's next try
 
@@ -294,12 +317,12 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         bucket."""
         own = row.members[m]
         if bucket is not None:
-            accepted, verified = self.bucket_record[m].get(bucket, (PRIOR_ACCEPTED, PRIOR_ACCEPTED))
+            accepted, verified = self.bucket_record[m].get(bucket, (PRIOR_ACCEPTED, PRIOR_VERIFIED))
         else:
             accepted = own.accepted if own.accepted is not None else self.member_accepted[m]
             verified = own.verified if own.verified is not None else self.member_verified[m]
         seconds = (self.member_seconds[m] or 0.0) + self.catch_up_seconds_of(m, len(own.tokens) + pending)
-        return self._rate(accepted or 0.0, verified or 0.0, seconds, rows)
+        return self._rate(accepted or 0.0, verified or {0: 1.0}, seconds, rows)
 
     def usual_width(self, m: int) -> int:
         """Verified tokens member m reads in a usual round: its drafts per round and the bonus token."""
@@ -313,33 +336,48 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             return 0.0
         return (waiting - usual) * (self.member_read_seconds[m] or 0.0)
 
-    def _rate(self, accepted: float, verified: float, seconds: float, rows: int = 1) -> float:
-        """(1 + a) / (t + t_v(R, 1 + n)): a request's tokens per second in a round of R = `rows` requests that
-        drafts for `seconds` and verifies n drafts per request, a of them accepted (t_v the profiled verify cost of
-        the batch, whose widening costs more where the verify forward is compute-bound; without a profile, one unit
-        per token)."""
-        width = 1 + verified
-        verify = self.verify_cost_model(rows, width) if self.verify_cost_model is not None else width
+    def _rate(self, accepted: float, verified: dict[int, float], seconds: float, rows: int = 1) -> float:
+        """(1 + a) / (t + E[t_v(R, 1 + n)]): a request's tokens per second in rounds of R = `rows` requests that
+        draft for `seconds` and verify n drafts per request (`verified`: n's law), a of them accepted (t_v the
+        profiled verify cost of the batch, whose widening costs more where the verify forward is compute-bound;
+        without a profile, one unit per token)."""
+        model = self.verify_cost_model
+        verify = sum(weight * (model(rows, 1 + n) if model is not None else 1 + n) for n, weight in verified.items())
         return (1 + accepted) / (seconds + verify)
 
-    def admit(self, row: RouterRow) -> None:
-        """Decide, once per request, which members it tries: those whose backoff across requests has run out."""
+    def admit(self, state: RouterDraftState, r: int) -> None:
+        """Decide, once per request, which members it tries: those whose backoff across requests has run out and
+        that no other request in the batch is still to try (a try in flight is judged before the next one starts,
+        so a batch of new requests pays one try per member, not one per request)."""
+        row = state.rows[r]
         if row.admitted:
             return
         row.admitted = True
         for m, own in enumerate(row.members):
-            own.tries = self.try_wait[m] == 0
+            in_flight = any(
+                other.admitted and other.members[m].tries and other.members[m].accepted is None
+                for other in state.rows
+                if other is not row
+            )
+            own.tries = self.try_wait[m] == 0 and not in_flight
             self.try_wait[m] = max(0, self.try_wait[m] - 1)
             own.explore_every = self.config.explore_tokens
 
-    def needs_try(self, row: RouterRow, m: int, pending: int = 0) -> bool:
+    def needs_try(self, row: RouterRow, m: int, pending: int = 0, rows: int = 1) -> bool:
         """Whether member m (one without an outlook) is due a try on this request: one the request tries (`admit`)
         that never drafted it, or not for its re-try interval (`pending` tokens verified since the router last
-        drafted)."""
+        drafted), once the try is affordable. A try first reads the member's whole backlog (the prompt, on a
+        first try), so it waits until that catch-up costs at most `TRY_SHARE` of the time the request has decoded
+        so far, counted at t_v(R, 1) per token: soon after a short prompt, late or never after a long one (a
+        RAG document), where the catch-up alone would cost more than the try could win back."""
         own = row.members[m]
-        if not own.tries:
+        if not own.tries or not (own.accepted is None or own.since + pending >= own.explore_every):
             return False
-        return own.accepted is None or own.since + pending >= own.explore_every
+        if self.verify_cost_model is None:
+            return True
+        decoded = row.read - (row.prompt or 0) + pending
+        budget = TRY_SHARE * decoded * self.verify_cost_model(rows, 1)
+        return self.catch_up_seconds_of(m, len(own.tokens) + pending) <= budget
 
     def _judge_try(self, state: RouterDraftState, r: int, m: int, verified: int, accepted: int) -> None:
         """After a round that tried member m on request r and had `accepted` of `verified` drafts accepted: a win
@@ -349,8 +387,8 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         looks = self.outlooks(state, r)
         rows = len(state.rows)
         others = [self.score(row, o, looks[o], rows=rows) for o in range(len(self.members)) if o != m]
-        rate = self._rate(accepted, verified, self.member_seconds[m] or 0.0, rows)
-        if rate >= max(others, default=0.0) and rate > self._rate(0.0, 0.0, 0.0, rows):  # the latter: no drafts
+        rate = self._rate(accepted, {verified: 1.0}, self.member_seconds[m] or 0.0, rows)
+        if rate >= max(others, default=0.0) and rate > self._rate(0.0, {0: 1.0}, 0.0, rows):  # the latter: no drafts
             self.try_backoff[m] = self.try_wait[m] = 0
             return
         self.try_backoff[m] = min(MAX_TRY_BACKOFF, max(1, 2 * self.try_backoff[m]))
@@ -361,30 +399,35 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         """Request r's member for this round, its outlook bucket, and whether it is a try: a member without an
         outlook due a try (the cheapest first), else the best score."""
         row, looks = state.rows[r], self.outlooks(state, r, pending)
-        self.admit(row)
-        due = [m for m, look in enumerate(looks) if look is None and self.needs_try(row, m, len(pending))]
+        self.admit(state, r)
+        rows = len(state.rows)
+        due = [m for m, look in enumerate(looks) if look is None and self.needs_try(row, m, len(pending), rows)]
         if due:
             m = min(due, key=lambda m: self.member_seconds[m] or 0.0)
             return m, None, True
-        rows = len(state.rows)
         m = max(range(len(self.members)), key=lambda m: self.score(row, m, looks[m], len(pending), rows))
         return m, looks[m], False
 
     def promised_gain(self, state: RouterDraftState, pending: list[list[int]] | None = None) -> float | None:
         """Mean over requests of g = 1 − r_0 / score(r, m_r), r_0 = 1 / t_v(1) the rate without drafts and m_r the
         request's choice: what drafting each request with it saves; UNTRIED_GAIN for a request due a try (so the
-        round drafts and the member is tried). `pending[r]`: tokens request r verified since the router last
-        drafted. None without a profile."""
+        round drafts and the member is tried), and for one whose outlook bucket's record has said "do not draft" for
+        `STALE_BUCKET_SKIPS` rounds: a record is only updated by rounds that draft, and one taken while D-cut's
+        calibration was young (its cuts too deep) would otherwise keep the bucket undrafted for good.
+        `pending[r]`: tokens request r verified since the router last drafted. None without a profile."""
         if self.verify_cost_model is None or not state.rows:
             return None
-        plain = self._rate(0.0, 0.0, 0.0, len(state.rows))  # r_0: no drafts
+        plain = self._rate(0.0, {0: 1.0}, 0.0, len(state.rows))  # r_0: no drafts
         pending = pending or [[] for _ in state.rows]
         self.read_ahead(state, pending)
         gains = []
         for r, row in enumerate(state.rows):
             m, bucket, trying = self.choice(state, r, pending[r])
-            rate = self.score(row, m, bucket, len(pending[r]), len(state.rows))
-            gains.append(UNTRIED_GAIN if trying else 1 - plain / rate)
+            gain = 1 - plain / self.score(row, m, bucket, len(pending[r]), len(state.rows))
+            if bucket is not None and gain <= 0:
+                skips = self.bucket_skips[m][bucket] = self.bucket_skips[m].get(bucket, 0) + 1
+                trying = skips > STALE_BUCKET_SKIPS
+            gains.append(UNTRIED_GAIN if trying else gain)
         return sum(gains) / len(gains)
 
     def read_ahead(self, state: RouterDraftState, pending: list[list[int]]) -> None:
@@ -411,18 +454,22 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             m = row.last_member
             if m is None:
                 continue
-            if row.last_bucket is not None:
-                old = self.bucket_record[m].get(row.last_bucket, (None, None))
-                self.bucket_record[m][row.last_bucket] = (
-                    _average(old[0], count, PRIOR_ACCEPTED),
-                    _average(old[1], verified, PRIOR_ACCEPTED),
+            if row.last_bucket is not None:  # the mean of the bucket's rounds, then a slow running average
+                bucket = row.last_bucket
+                self.bucket_skips[m][bucket] = 0
+                rounds = self.bucket_rounds[m][bucket] = self.bucket_rounds[m].get(bucket, 0) + 1
+                weight = max(BUCKET_AVERAGE, 1 / (rounds + 1))  # the prior counts as one round
+                old = self.bucket_record[m].get(bucket, (None, None))
+                self.bucket_record[m][bucket] = (
+                    _average(old[0], count, PRIOR_ACCEPTED, weight),
+                    _average_law(old[1], verified, PRIOR_VERIFIED, weight),
                 )
             own = row.members[m]
             # a request's first round with a member starts from the member's record; the member's, from PRIOR
             own.accepted = _average(own.accepted, count, self.member_accepted[m])
-            own.verified = _average(own.verified, verified, self.member_verified[m])
+            own.verified = _average_law(own.verified, verified, self.member_verified[m])
             self.member_accepted[m] = _average(self.member_accepted[m], count, PRIOR_ACCEPTED)
-            self.member_verified[m] = _average(self.member_verified[m], verified, PRIOR_ACCEPTED)
+            self.member_verified[m] = _average_law(self.member_verified[m], verified, PRIOR_VERIFIED)
             if row.last_try:
                 row.last_try = False
                 self._judge_try(state, r, m, verified, count)
@@ -452,6 +499,8 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
                 member_row.tokens.extend(tokens[start : lengths[r]])
                 member_row.hidden.append(tuple(target_hidden[j][r, start : lengths[r]] for j in taps))
             row.read_ahead = 0
+            row.read += lengths[r]
+            row.prompt = lengths[r] if row.prompt is None else row.prompt
         choices = [self.choice(state, r) for r in range(batch)]
         chosen = [m for m, _, _ in choices]
         if hasattr(choose, "sources"):  # a DraftRound: D-cut calibrates each member's confidences apart

@@ -22,13 +22,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
-from ..base import AngelSpecDrafterPreTrainedModel, DraftPredictions
+from ..base import AngelSpecDrafterPreTrainedModel, DraftPredictions, check_int
 from .configuration_suffix import SuffixDrafterConfig
 
 
 SEPARATOR = -1  # between two sequences of an index: no match crosses it
+PAST_END = -2  # what a suffix array match reads beyond its text
+FOLD_TOKENS = 4096  # outputs recorded since the shared suffix array was built are folded in past a quarter of this
 
 
 class SuffixIndex:
@@ -87,6 +90,152 @@ class SuffixIndex:
     def nbytes(self) -> int:
         """Rough memory held (a Python list slot and an index entry per token)."""
         return 80 * len(self.tokens)
+
+
+def suffix_array(text: np.ndarray) -> np.ndarray:
+    """The start positions of `text`'s suffixes in lexicographic order (a suffix that ends sorts before any that
+    goes on), by prefix doubling: O(n log² n) in numpy, about half a second for 300k tokens."""
+    n = len(text)
+    rank = np.unique(text, return_inverse=True)[1].astype(np.int64).reshape(-1)
+    order = np.argsort(rank, kind="stable")
+    width = 1
+    while width < n and rank[order[-1]] < n - 1:  # until every suffix has a rank of its own
+        second = np.full(n, -1, dtype=np.int64)
+        second[: n - width] = rank[width:]
+        order = np.lexsort((second, rank))
+        first, then = rank[order], second[order]
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.concatenate([[0], np.cumsum((first[1:] != first[:-1]) | (then[1:] != then[:-1]))])
+        width *= 2
+    return order
+
+
+class SuffixArrayIndex:
+    """A fixed token text searched through the suffix array of its reverse (a datastore, as REST's, arXiv
+    2311.08252): the longest match of a context's suffix, and the next-token counts over every occurrence of it, in
+    O(ℓ log n). For the large shared text, where `SuffixIndex`, comparing only the most recent occurrences of its
+    key, would miss the longer matches; built once, so it is not for text that grows every step."""
+
+    def __init__(self, tokens: Sequence[int], key_length: int, max_match_length: int):
+        self.key_length, self.max_match_length = key_length, max_match_length
+        self.tokens = list(tokens)
+        reverse = np.asarray(self.tokens[::-1], dtype=np.int64)
+        # past the text's start (its reverse's end) a match reads PAST_END, below every token and SEPARATOR
+        self.reverse = np.concatenate([reverse, np.full(max_match_length + 1, PAST_END, dtype=np.int64)])
+        self.order = suffix_array(reverse)
+        self.first = reverse[self.order]  # the first token of each sorted suffix: the ranges of one-token matches
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def match(self, suffix: Sequence[int]) -> tuple[int, dict[int, int]]:
+        """As `SuffixIndex.match`, counting what followed every occurrence of the longest match (an occurrence at
+        a sequence's end, followed by nothing, does not count)."""
+        if len(suffix) < self.key_length or not self.tokens:
+            return 0, {}
+        lo = int(np.searchsorted(self.first, suffix[-1], "left"))
+        ranges = [(lo, int(np.searchsorted(self.first, suffix[-1], "right")))]  # matches of length 1, 2, ...
+        longest = min(len(suffix), self.max_match_length)
+        while len(ranges) < longest and ranges[-1][0] < ranges[-1][1]:
+            lo, hi = ranges[-1]
+            token = self.reverse[self.order[lo:hi] + len(ranges)]  # sorted: these suffixes share the match so far
+            ranges.append(
+                (
+                    lo + int(np.searchsorted(token, suffix[-1 - len(ranges)], "left")),
+                    lo + int(np.searchsorted(token, suffix[-1 - len(ranges)], "right")),
+                )
+            )
+        for length in range(len(ranges), self.key_length - 1, -1):
+            lo, hi = ranges[length - 1]
+            starts = self.order[lo:hi]
+            following = self.reverse[starts[starts > 0] - 1]  # the next token, read backwards
+            following = following[following != SEPARATOR]
+            if len(following):
+                tokens, counts = np.unique(following, return_counts=True)
+                return length, dict(zip(tokens.tolist(), counts.tolist()))
+        return 0, {}
+
+    def nbytes(self) -> int:
+        """Rough memory held (the text as a list and three arrays)."""
+        return 8 * len(self.tokens) + self.reverse.nbytes + self.order.nbytes + self.first.nbytes
+
+
+class SharedIndex:
+    """The target's earlier outputs, each a sequence (no match crosses two), at most `max_tokens` of them: a suffix
+    array over those held when it was last built, and an n-gram index over the ones recorded since, folded into the
+    array once they outgrow a quarter of it (rebuilding per output would cost the array's build each time)."""
+
+    def __init__(self, key_length: int, max_match_length: int, max_candidates: int, max_tokens: int):
+        self.key_length, self.max_match_length, self.max_candidates = key_length, max_match_length, max_candidates
+        self.max_tokens = max_tokens
+        self.sequences: deque[list[int]] = deque()
+        self._build(0)
+
+    def _build(self, folded: int) -> None:
+        """The array over the first `folded` sequences, the n-gram index over the rest."""
+        sequences = list(self.sequences)
+        self.array = SuffixArrayIndex(join(sequences[:folded]), self.key_length, self.max_match_length)
+        self.recent = SuffixIndex(self.key_length, self.max_match_length, self.max_candidates)
+        for sequence in sequences[folded:]:
+            self.recent.add_sequence(sequence)
+
+    @property
+    def tokens(self) -> list[int]:
+        """The index's text: the sequences, oldest first, separated by SEPARATOR."""
+        return join(self.sequences)
+
+    def __len__(self) -> int:
+        return len(self.array) + len(self.recent) + bool(self.array.tokens and self.recent.tokens)
+
+    def add_sequences(self, sequences: Sequence[Sequence[int]]) -> None:
+        """Keep `sequences` (the newest last); beyond `max_tokens` the oldest leave, down to three quarters of the
+        bound (so that rebuilds stay rare), and the array is rebuilt over what stays."""
+        sequences = [[int(token) for token in sequence][-self.max_tokens :] for sequence in sequences]
+        sequences = [sequence for sequence in sequences if len(sequence) > self.key_length]
+        if not sequences or not self.max_tokens:
+            return
+        self.sequences.extend(sequences)
+        if len(self) + sum(len(sequence) + 1 for sequence in sequences) <= self.max_tokens:
+            for sequence in sequences:
+                self.recent.add_sequence(sequence)
+            if len(self.recent) > max(len(self.array), FOLD_TOKENS) // 4:
+                self._build(len(self.sequences))
+            return
+        kept, total = [], 0
+        for sequence in reversed(self.sequences):
+            if total + len(sequence) + 1 > 3 * self.max_tokens // 4 and kept:
+                break
+            kept.append(sequence)
+            total += len(sequence) + 1
+        self.sequences = deque(reversed(kept))
+        self._build(len(self.sequences))
+
+    def match(self, suffix: Sequence[int]) -> tuple[int, dict[int, int]]:
+        return longest_match((self.array.match(suffix), self.recent.match(suffix)))
+
+    def nbytes(self) -> int:
+        return self.array.nbytes() + self.recent.nbytes()
+
+
+def join(sequences: Sequence[Sequence[int]]) -> list[int]:
+    """Sequences as one text, SEPARATOR between two."""
+    text: list[int] = []
+    for sequence in sequences:
+        text += ([SEPARATOR] if text else []) + list(sequence)
+    return text
+
+
+def longest_match(matches: Sequence[tuple[int, dict[int, int]]]) -> tuple[int, dict[int, int]]:
+    """The longest of several indexes' matches (length, next-token counts); the counts of equally long ones add
+    up."""
+    best, counts = 0, {}
+    for length, found in matches:
+        if length > best:
+            best, counts = length, dict(found)
+        elif length == best and length:
+            for token, count in found.items():
+                counts[token] = counts.get(token, 0) + count
+    return best, counts
 
 
 def draft_log_probabilities(length: int, counts: dict[int, int], vocab_size: int) -> torch.Tensor:
@@ -148,8 +297,7 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
         self.register_buffer(
             "shared_tokens", torch.full((config.shared_index_num_tokens,), SEPARATOR, dtype=torch.long)
         )
-        self._shared: SuffixIndex | None = None  # built from `shared_tokens` on first use
-        self._shared_outputs: deque[list[int]] = deque()
+        self._shared: SharedIndex | None = None  # built from `shared_tokens` on first use
         self.post_init()
 
     # -- what the drafter contract asks of a drafter without weights ------------------------------------------------
@@ -212,41 +360,37 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
     # -- the shared index of earlier outputs --------------------------------------------------------------------
 
     @property
-    def shared_index(self) -> SuffixIndex:
+    def shared_index(self) -> SharedIndex:
+        """The target's earlier outputs: those saved (`shared_tokens`), then those recorded since."""
         if self._shared is None:
-            self._shared = self.new_index()
-            self._shared_outputs.clear()
+            config = self.config
+            self._shared = SharedIndex(
+                config.min_match_length, config.max_match_length, config.max_candidates, config.shared_index_max_tokens
+            )
             tokens = self.shared_tokens.tolist()
-            start = 0
-            for end in [i for i, token in enumerate(tokens) if token == SEPARATOR] + [len(tokens)]:
-                if end > start:
-                    self._shared_outputs.append(tokens[start:end])
-                    self._shared.add_sequence(tokens[start:end])
-                start = end + 1
+            bounds = [-1] + [i for i, token in enumerate(tokens) if token == SEPARATOR] + [len(tokens)]
+            self._shared.add_sequences([tokens[start + 1 : end] for start, end in zip(bounds, bounds[1:])])
         return self._shared
 
     def record_output(self, output_ids: list[int]) -> None:
-        """Keep a finished output in the shared index; beyond `shared_index_max_tokens` the oldest outputs leave
-        (the index is rebuilt without them, down to three quarters of the bound, so rebuilds stay rare)."""
-        limit = self.config.shared_index_max_tokens
-        output = [int(token) for token in output_ids][-limit:] if limit else []
-        if len(output) < self.config.min_match_length + 1:
-            return
-        index = self.shared_index
-        self._shared_outputs.append(output)
-        if len(index) + len(output) + 1 <= limit:
-            index.add_sequence(output)
-            return
-        kept, total = [], 0
-        for sequence in reversed(self._shared_outputs):
-            if total + len(sequence) + 1 > 3 * limit // 4 and kept:
-                break
-            kept.append(sequence)
-            total += len(sequence) + 1
-        self._shared_outputs = deque(reversed(kept))
-        self._shared = self.new_index()
-        for sequence in self._shared_outputs:
-            self._shared.add_sequence(sequence)
+        """Keep a finished output in the shared index (bounded by `shared_index_max_tokens`, the oldest leaving
+        first)."""
+        self.shared_index.add_sequences([output_ids])
+
+    def index_outputs(self, outputs: Sequence[Sequence[int]], max_tokens: int | None = None) -> None:
+        """Seed the shared index with a corpus of the target's outputs (its responses to a prompt set: a datastore),
+        all at once so that the suffix array is built once; `max_tokens` first sets a new bound, under which what
+        the index holds is kept (`angelspec index-outputs`)."""
+        outputs = [list(output) for output in outputs]
+        if max_tokens is not None:
+            check_int("max_tokens", max_tokens, minimum=0)
+            outputs = list(self.shared_index.sequences) + outputs
+            self.config.shared_index_max_tokens = max_tokens
+            config = self.config
+            self._shared = SharedIndex(
+                config.min_match_length, config.max_match_length, config.max_candidates, max_tokens
+            )
+        self.shared_index.add_sequences(outputs)
 
     def prepare_for_saving(self) -> None:
         """The shared index into the `shared_tokens` buffer (the index's text), its length into the config."""
@@ -254,15 +398,23 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
         self.shared_tokens = torch.tensor(tokens, dtype=torch.long, device=self.device).reshape(-1)
         self.config.shared_index_num_tokens = len(tokens)
 
+    def match(self, state: SuffixDraftState, row: int, suffix: Sequence[int]) -> tuple[int, dict[int, int]]:
+        """The match row `row` drafts from: its own tokens' (prompt and output), unless the shared index's is longer
+        by more than `shared_match_margin` tokens (the request's own text predicts it better at the same length:
+        on Spec-Bench translation, taking the longer match of the two lost a third of τ)."""
+        own = state.rows[row].match(suffix)
+        if not self.config.shared_index_max_tokens:
+            return own
+        shared = self.shared_index.match(suffix)
+        return shared if shared[0] > own[0] + self.config.shared_match_margin else own
+
     def outlook(self, state: SuffixDraftState, row: int, pending_tokens: list[int]) -> int:
         """The length of the longest earlier match of row `row`'s context (its tokens, then `pending_tokens`)."""
         index = state.rows[row]
         suffix = (index.tokens[-self.config.max_match_length :] + list(pending_tokens))[
             -self.config.max_match_length :
         ]
-        length = index.match(suffix)[0]
-        if self.config.shared_index_max_tokens:
-            length = max(length, self.shared_index.match(suffix)[0])
+        length = self.match(state, row, suffix)[0]
         return length if length >= self.config.min_match_length else 0
 
     # -- drafting ---------------------------------------------------------------------------------------------------
@@ -284,7 +436,6 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
         lengths = new_lengths.tolist() if new_lengths is not None else [count] * batch
         for index, tokens, length in zip(state.rows, new_token_ids.tolist(), lengths):
             index.extend(tokens[:length])
-        shared = self.shared_index if self.config.shared_index_max_tokens else None
         vocab = self.config.vocab_size
         suffixes = [index.tokens[-self.config.max_match_length :] for index in state.rows]
         matched = [True] * batch
@@ -293,18 +444,10 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
             if step and keep_drafting is not None and not keep_drafting():
                 break
             logits = torch.zeros(batch, vocab)
-            for r, (index, suffix) in enumerate(zip(state.rows, suffixes)):
+            for r, suffix in enumerate(suffixes):
                 if not matched[r]:
                     continue
-                length, counts = index.match(suffix)
-                if shared is not None:
-                    shared_length, shared_counts = shared.match(suffix)
-                    if shared_length > length:
-                        length, counts = shared_length, shared_counts
-                    elif shared_length == length:
-                        counts = dict(counts)
-                        for token, c in shared_counts.items():
-                            counts[token] = counts.get(token, 0) + c
+                length, counts = self.match(state, r, suffix)
                 if length < self.config.min_match_length:
                     matched[r] = False  # uniform from here on: confidence 1/V, never worth verifying
                     continue

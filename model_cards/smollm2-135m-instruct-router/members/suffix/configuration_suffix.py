@@ -25,6 +25,9 @@ class SuffixDrafterConfig(AngelSpecDrafterConfig):
             recent ones), bounding the drafting time per token.
         shared_index_max_tokens (`int`, defaults to 262144):
             Most tokens of earlier outputs kept in the shared index (the oldest outputs leave first); 0 keeps none.
+        shared_match_margin (`int`, defaults to 1):
+            A row drafts from the shared index only where its match there is longer than the one in the request's
+            own tokens by more than this many tokens (the request's own text predicts better at the same length).
         shared_index_num_tokens (`int`, defaults to 0):
             Length of the saved shared index (set by `save_pretrained`; the shape of its `shared_tokens` buffer).
     """
@@ -40,6 +43,7 @@ class SuffixDrafterConfig(AngelSpecDrafterConfig):
         max_candidates: int = 32,
         shared_index_max_tokens: int = 262144,
         shared_index_num_tokens: int = 0,
+        shared_match_margin: int = 1,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -55,3 +59,5 @@ class SuffixDrafterConfig(AngelSpecDrafterConfig):
         self.max_candidates = max_candidates
         self.shared_index_max_tokens = shared_index_max_tokens
         self.shared_index_num_tokens = shared_index_num_tokens
+        check_int("shared_match_margin", shared_match_margin, minimum=0)
+        self.shared_match_margin = shared_match_margin
