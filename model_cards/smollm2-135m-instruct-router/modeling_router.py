@@ -61,6 +61,7 @@ MEMBER_CLASSES = {
 MEMBERS_FOLDER = "members"  # in a saved router, one drafter folder per member: members/<name>/
 PRIOR_ACCEPTED = 1.0  # tokens per round a member is credited with before its first round is averaged in
 PRIOR_VERIFIED = {1: 1.0}  # and the law of its drafts verified per round: one
+NO_DRAFTS = {0: 1.0}  # the law of drafts verified per round when nothing is drafted
 UNTRIED_GAIN = 0.5  # the saving promised for a round that tries a member never tried before
 AVERAGE = 0.3  # weight of the newest round in the router's running averages (of a request, of a member)
 BUCKET_AVERAGE = 0.05  # and at least in an outlook bucket's record, pooled over requests: the mean of its first 20
@@ -322,7 +323,7 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             accepted = own.accepted if own.accepted is not None else self.member_accepted[m]
             verified = own.verified if own.verified is not None else self.member_verified[m]
         seconds = (self.member_seconds[m] or 0.0) + self.catch_up_seconds_of(m, len(own.tokens) + pending)
-        return self._rate(accepted or 0.0, verified or {0: 1.0}, seconds, rows)
+        return self._rate(accepted or 0.0, verified or NO_DRAFTS, seconds, rows)
 
     def usual_width(self, m: int) -> int:
         """Verified tokens member m reads in a usual round: its drafts per round and the bonus token."""
@@ -388,7 +389,7 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         rows = len(state.rows)
         others = [self.score(row, o, looks[o], rows=rows) for o in range(len(self.members)) if o != m]
         rate = self._rate(accepted, {verified: 1.0}, self.member_seconds[m] or 0.0, rows)
-        if rate >= max(others, default=0.0) and rate > self._rate(0.0, {0: 1.0}, 0.0, rows):  # the latter: no drafts
+        if rate >= max(others, default=0.0) and rate > self._rate(0.0, NO_DRAFTS, 0.0, rows):
             self.try_backoff[m] = self.try_wait[m] = 0
             return
         self.try_backoff[m] = min(MAX_TRY_BACKOFF, max(1, 2 * self.try_backoff[m]))
@@ -417,7 +418,7 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         `pending[r]`: tokens request r verified since the router last drafted. None without a profile."""
         if self.verify_cost_model is None or not state.rows:
             return None
-        plain = self._rate(0.0, {0: 1.0}, 0.0, len(state.rows))  # r_0: no drafts
+        plain = self._rate(0.0, NO_DRAFTS, 0.0, len(state.rows))  # r_0
         pending = pending or [[] for _ in state.rows]
         self.read_ahead(state, pending)
         gains = []

@@ -155,10 +155,6 @@ class SuffixArrayIndex:
                 return length, dict(zip(tokens.tolist(), counts.tolist()))
         return 0, {}
 
-    def nbytes(self) -> int:
-        """Rough memory held (the text as a list and three arrays)."""
-        return 8 * len(self.tokens) + self.reverse.nbytes + self.order.nbytes + self.first.nbytes
-
 
 class SharedIndex:
     """The target's earlier outputs, each a sequence (no match crosses two), at most `max_tokens` of them: a suffix
@@ -212,9 +208,6 @@ class SharedIndex:
 
     def match(self, suffix: Sequence[int]) -> tuple[int, dict[int, int]]:
         return longest_match((self.array.match(suffix), self.recent.match(suffix)))
-
-    def nbytes(self) -> int:
-        return self.array.nbytes() + self.recent.nbytes()
 
 
 def join(sequences: Sequence[Sequence[int]]) -> list[int]:
@@ -359,14 +352,17 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
 
     # -- the shared index of earlier outputs --------------------------------------------------------------------
 
+    def new_shared_index(self) -> SharedIndex:
+        config = self.config
+        return SharedIndex(
+            config.min_match_length, config.max_match_length, config.max_candidates, config.shared_index_max_tokens
+        )
+
     @property
     def shared_index(self) -> SharedIndex:
         """The target's earlier outputs: those saved (`shared_tokens`), then those recorded since."""
         if self._shared is None:
-            config = self.config
-            self._shared = SharedIndex(
-                config.min_match_length, config.max_match_length, config.max_candidates, config.shared_index_max_tokens
-            )
+            self._shared = self.new_shared_index()
             tokens = self.shared_tokens.tolist()
             bounds = [-1] + [i for i, token in enumerate(tokens) if token == SEPARATOR] + [len(tokens)]
             self._shared.add_sequences([tokens[start + 1 : end] for start, end in zip(bounds, bounds[1:])])
@@ -386,10 +382,7 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
             check_int("max_tokens", max_tokens, minimum=0)
             outputs = list(self.shared_index.sequences) + outputs
             self.config.shared_index_max_tokens = max_tokens
-            config = self.config
-            self._shared = SharedIndex(
-                config.min_match_length, config.max_match_length, config.max_candidates, max_tokens
-            )
+            self._shared = self.new_shared_index()
         self.shared_index.add_sequences(outputs)
 
     def prepare_for_saving(self) -> None:
