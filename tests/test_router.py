@@ -14,7 +14,7 @@ from transformers import AutoModel
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, RouterDrafter, SuffixDrafter
 from angelspec_hf.generation.dcut import DraftRound, VerifyCostModel
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
-from angelspec_hf.models.router.modeling_router import TRY_SHARE
+from angelspec_hf.models.router.modeling_router import FREE_ROUND_GAIN, TRY_SHARE
 
 
 def make_router(target, **suffix_options):
@@ -239,6 +239,30 @@ def test_switching_to_a_member_pays_for_its_catch_up_and_the_policy_adds_none():
     solo = DCut(max_draft=4, cost_model=router.verify_cost_model)
     solo.start(target, router.members[0])
     assert solo.catch_up_seconds(backlog=500) > 0.0
+
+
+def test_a_matching_suffix_member_drafts_even_where_its_bucket_record_loses_and_its_cut_decides():
+    """Where no member's score beats decoding without drafts but the suffix member has a match, the suffix member
+    drafts the round (its drafts are nearly free, and D-cut verifies none of them that would not pay), whatever its
+    bucket's record says; without a match the round is skipped."""
+    target = make_target("llama", num_hidden_layers=2)
+    router = make_router(target, shared_index_max_tokens=0)
+    router.verify_cost_model = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 1.3]], context=0)
+    state = router.new_draft_state(1)
+    router.member_seconds = [0.05, 0.1, 0.01]
+    router.admit(state, 0)
+    for own in state.rows[0].members[:2]:  # MTP and DFly were tried and lose: below 1 token per second
+        own.accepted, own.verified = 0.1, {2: 1.0}
+    state.members[2].rows[0].extend([1, 2, 3, 4, 5, 1, 2, 3])
+    bucket = int(3).bit_length()
+    router.bucket_record[2][bucket] = (0.0, {3: 1.0})  # the record at this bucket: nothing accepted
+    assert router.score(state.rows[0], 2, bucket) < 1.0 and router.score(state.rows[0], 1) < 1.0
+    assert router.choice(state, 0) == (2, bucket, False)
+    assert router.promised_gain(state) == pytest.approx(FREE_ROUND_GAIN)
+    state.members[2].rows[0].extend([9])  # no earlier "9": no match, nothing worth a round
+    router.bucket_record[2][0] = (0.0, {0: 1.0})
+    assert router.choice(state, 0)[1] == 0
+    assert router.promised_gain(state) < 0
 
 
 def test_the_suffix_member_reads_the_backlog_before_the_router_weighs_it():

@@ -31,21 +31,26 @@ def repeating_prompt(target, seed=3):
     return torch.cat([text, text[:, :10]], 1)
 
 
+def found(match):
+    """A match as (length, next-token counts)."""
+    return match.length, match.counts
+
+
 def test_the_index_finds_the_longest_earlier_match_and_what_followed_it():
     index = SuffixIndex(key_length=2, max_match_length=8, max_candidates=32)
     index.extend([1, 2, 3, 9, 4, 2, 3, 7, 1, 2, 3])
     # [1, 2, 3] occurred once before with 9 after it; [2, 3] twice more loosely (9 and 7)
-    assert index.match([1, 2, 3]) == (3, {9: 1})
-    assert index.match([5, 2, 3]) == (2, {9: 1, 7: 1})
-    assert index.match([3, 8]) == (0, {})
-    assert index.match([3]) == (0, {})  # shorter than the key: no match
+    assert found(index.match([1, 2, 3])) == (3, {9: 1})
+    assert found(index.match([5, 2, 3])) == (2, {9: 1, 7: 1})
+    assert found(index.match([3, 8])) == (0, {})
+    assert found(index.match([3])) == (0, {})  # shorter than the key: no match
     index.add_sequence([2, 3])  # a new sequence's last token has nothing after it, and no match crosses sequences
-    assert index.match([6, 2, 3]) == (2, {9: 1, 7: 1})
+    assert found(index.match([6, 2, 3])) == (2, {9: 1, 7: 1})
     index.extend([5])
-    assert index.match([2, 3]) == (2, {9: 1, 7: 1, 5: 1})
+    assert found(index.match([2, 3])) == (2, {9: 1, 7: 1, 5: 1})
     capped = SuffixIndex(key_length=1, max_match_length=2, max_candidates=1)
     capped.extend([4, 5, 4, 6, 4])
-    assert capped.match([4]) == (1, {6: 1})  # only the most recent earlier occurrence is compared
+    assert found(capped.match([4])) == (1, {6: 1})  # only the most recent earlier occurrence is compared
 
 
 def test_draft_confidence_grows_with_match_length_and_agreement():
@@ -192,8 +197,33 @@ def test_the_suffix_array_finds_the_longest_match_and_counts_every_occurrence(se
     for _ in range(40):
         suffix = torch.randint(0, 5, (int(torch.randint(1, 9, (1,), generator=generator)),), generator=generator)
         expected = brute_force_match(text, suffix.tolist(), 1 + seed % 2, 6)
-        assert index.match(suffix.tolist()) == expected
-    assert SuffixArrayIndex([], 1, 6).match([1, 2]) == (0, {})
+        assert found(index.match(suffix.tolist())) == expected
+    assert found(SuffixArrayIndex([], 1, 6).match([1, 2])) == (0, {})
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_following_a_drafted_token_narrows_the_match_as_a_new_search_would(seed):
+    """A draft step extends the suffix by the drafted token: `Match.follow` keeps the occurrences it continues, which
+    below the longest compared length is exactly what searching the extended suffix finds (in the suffix array, in
+    the shared index's two parts, and in an n-gram index comparing every occurrence); None when none continues."""
+    generator = torch.Generator().manual_seed(seed)
+    sequences = [torch.randint(0, 4, (int(n),), generator=generator).tolist() for n in torch.randint(1, 40, (8,))]
+    shared = SharedIndex(key_length=1, max_match_length=12, max_candidates=1000, max_tokens=1000)
+    shared.add_sequences(sequences[:5])
+    shared._build(3)  # three sequences in the array, two in the n-gram part
+    indexes = [SuffixArrayIndex(join(sequences), 1, 12), shared, SuffixIndex(1, 12, 1000)]
+    indexes[2].extend(join(sequences))
+    for _ in range(30):
+        suffix = torch.randint(0, 4, (int(torch.randint(1, 5, (1,), generator=generator)),), generator=generator)
+        for index in indexes:
+            match = index.match(suffix.tolist())
+            for token in range(4):
+                followed = match.follow(token) if match.length else None
+                again = index.match(suffix.tolist() + [token])
+                if followed is None:
+                    assert again.length <= match.length
+                else:
+                    assert found(followed) == found(again), (index, suffix.tolist(), token)
 
 
 def test_the_shared_index_folds_recorded_outputs_into_its_array_and_stays_bounded(monkeypatch):
@@ -209,7 +239,7 @@ def test_the_shared_index_folds_recorded_outputs_into_its_array_and_stays_bounde
         assert list(index.sequences) == added[-len(index.sequences) :]  # the newest kept, the oldest left first
         for _ in range(10):
             suffix = torch.randint(0, 5, (5,), generator=generator).tolist()
-            assert index.match(suffix) == brute_force_match(index.tokens, suffix, 1, 8)
+            assert found(index.match(suffix)) == brute_force_match(index.tokens, suffix, 1, 8)
         both = both or bool(len(index.array) and len(index.recent))  # some folded in, the newest not yet
     assert both and len(index.sequences) < 20
     index.add_sequences([[7]])  # too short to follow anything: not kept
@@ -237,7 +267,7 @@ def test_the_index_outputs_command_seeds_the_shared_index_of_a_suffix_drafter_or
           "--output", str(tmp_path / "seeded"), "--max-tokens", "50"])  # fmt: skip
     seeded = AutoModel.from_pretrained(tmp_path / "seeded")
     assert seeded.shared_index.tokens == join(responses) and seeded.config.shared_index_max_tokens == 50
-    assert seeded.shared_index.match([1, 5, 6, 7]) == (3, {8: 1, 3: 1})  # both responses, counted
+    assert found(seeded.shared_index.match([1, 5, 6, 7])) == (3, {8: 1, 3: 1})  # both responses, counted
     main(["index-outputs", "--drafter", str(tmp_path / "router"), "--responses", str(tmp_path / "responses.jsonl.gz"),
           "--output", str(tmp_path / "router-seeded")])  # fmt: skip
     router = AutoModel.from_pretrained(tmp_path / "router-seeded")
@@ -260,15 +290,20 @@ def test_the_index_outputs_command_seeds_the_shared_index_of_a_suffix_drafter_or
     assert not (tmp_path / "out").exists()
 
 
+def drafting_match(drafter, state, suffix):
+    return drafter.drafting_match(state.rows[0].match(suffix), drafter.shared_match(suffix))
+
+
 def test_a_row_drafts_from_its_own_text_unless_the_shared_index_matches_longer_by_more_than_the_margin():
     target = make_target("llama", num_hidden_layers=2)
     drafter = SuffixDrafter.from_target(target, shared_match_margin=1)
     drafter.shared_index.add_sequences([[7, 8, 9, 10, 11, 50], [1, 2, 3, 60]])
     state = drafter.new_draft_state(1)
     state.rows[0].extend([10, 11, 40, 2, 3, 41])  # its own text: [10, 11] then 40, [2, 3] then 41
-    assert drafter.match(state, 0, [5, 1, 2, 3]) == (2, {41: 1})  # shared: 3 long, not more than 1 longer
-    assert drafter.match(state, 0, [8, 9, 10, 11]) == (4, {50: 1})  # shared: 4 long against 2
+    # shared: 3 long, not more than 1 longer
+    assert found(drafting_match(drafter, state, [5, 1, 2, 3])) == (2, {41: 1})
+    assert found(drafting_match(drafter, state, [8, 9, 10, 11])) == (4, {50: 1})  # shared: 4 long against 2
     drafter.config.shared_index_max_tokens = 0  # no shared index at all
-    assert drafter.match(state, 0, [8, 9, 10, 11]) == (2, {40: 1})
+    assert found(drafting_match(drafter, state, [8, 9, 10, 11])) == (2, {40: 1})
     with pytest.raises(ValueError, match="shared_match_margin"):
         SuffixDrafter.from_target(target, shared_match_margin=-1)

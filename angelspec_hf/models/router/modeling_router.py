@@ -67,7 +67,9 @@ AVERAGE = 0.3  # weight of the newest round in the router's running averages (of
 BUCKET_AVERAGE = 0.05  # and at least in an outlook bucket's record, pooled over requests: the mean of its first 20
 MAX_TRY_BACKOFF = 32  # most new requests a member that keeps losing its tries sits out between two tries
 TRY_SHARE = 0.05  # most of a request's decoding time so far that a try's catch-up (reading its backlog) may cost
-STALE_BUCKET_SKIPS = 8  # rounds an outlook bucket whose record says "skip" goes undrafted before it is re-probed
+# promised for a round of a member that reads for free and has a match: D-cut's cut of its drafts decides what is
+# verified (nothing, when their calibrated confidences do not pay), so such a round risks only its drafting time
+FREE_ROUND_GAIN = 0.01
 
 
 def _average(old: float | None, new: float, first: float | None = None, weight: float = AVERAGE) -> float:
@@ -174,10 +176,8 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         self.member_read_seconds: list[float | None] = [None] * len(members)  # per token read beyond a usual round
         self.member_accepted: list[float | None] = [None] * len(members)  # a_m over requests
         self.member_verified: list[dict[int, float] | None] = [None] * len(members)
-        # For members with an outlook: (accepted, law of verified) per round, by outlook bucket, and the rounds each
-        # bucket has gone undrafted since it was last drafted (its record then is stale: see `promised_gain`).
+        # For members with an outlook: (accepted, law of verified) per round, by outlook bucket.
         self.bucket_record: list[dict[int, tuple[float, dict[int, float]]]] = [{} for _ in members]
-        self.bucket_skips: list[dict[int, int]] = [{} for _ in members]
         self.bucket_rounds: list[dict[int, int]] = [{} for _ in members]  # rounds averaged into each record
         self.try_backoff = [0] * len(members)  # new requests a member sits out after a lost try (doubling)
         self.try_wait = [0] * len(members)  # new requests still to pass before the member's next try
@@ -398,7 +398,8 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
 
     def choice(self, state: RouterDraftState, r: int, pending: list[int] = ()) -> tuple[int, int | None, bool]:
         """Request r's member for this round, its outlook bucket, and whether it is a try: a member without an
-        outlook due a try (the cheapest first), else the best score."""
+        outlook due a try (the cheapest first), else the best score; where no score beats decoding without drafts,
+        a member that reads for free and has a match (the suffix member: `promised_gain` lets its cut decide)."""
         row, looks = state.rows[r], self.outlooks(state, r, pending)
         self.admit(state, r)
         rows = len(state.rows)
@@ -406,16 +407,22 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         if due:
             m = min(due, key=lambda m: self.member_seconds[m] or 0.0)
             return m, None, True
-        m = max(range(len(self.members)), key=lambda m: self.score(row, m, looks[m], len(pending), rows))
+        scores = [self.score(row, m, looks[m], len(pending), rows) for m in range(len(self.members))]
+        m = max(range(len(self.members)), key=scores.__getitem__)
+        matched = [f for f, member in enumerate(self.members) if member.reads_for_free and looks[f]]
+        if scores[m] <= self._rate(0.0, NO_DRAFTS, 0.0, rows) and matched:
+            m = max(matched, key=scores.__getitem__)
         return m, looks[m], False
 
     def promised_gain(self, state: RouterDraftState, pending: list[list[int]] | None = None) -> float | None:
         """Mean over requests of g = 1 − r_0 / score(r, m_r), r_0 = 1 / t_v(1) the rate without drafts and m_r the
         request's choice: what drafting each request with it saves; UNTRIED_GAIN for a request due a try (so the
-        round drafts and the member is tried), and for one whose outlook bucket's record has said "do not draft" for
-        `STALE_BUCKET_SKIPS` rounds: a record is only updated by rounds that draft, and one taken while D-cut's
-        calibration was young (its cuts too deep) would otherwise keep the bucket undrafted for good.
-        `pending[r]`: tokens request r verified since the router last drafted. None without a profile."""
+        round drafts and the member is tried), and at least FREE_ROUND_GAIN for one whose member reads for free and
+        has a match. Such a member's record is an average over its outlook bucket, while D-cut cuts each round by
+        the calibrated confidence of its own drafts, verifying none where they would not pay: the cut, not the
+        record, decides (the suffix drafter alone drafts so, and beat the router that skipped by its records on six
+        of eight Spec-Bench-style domains). `pending[r]`: tokens request r verified since the router last drafted.
+        None without a profile."""
         if self.verify_cost_model is None or not state.rows:
             return None
         plain = self._rate(0.0, NO_DRAFTS, 0.0, len(state.rows))  # r_0
@@ -425,9 +432,8 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         for r, row in enumerate(state.rows):
             m, bucket, trying = self.choice(state, r, pending[r])
             gain = 1 - plain / self.score(row, m, bucket, len(pending[r]), len(state.rows))
-            if bucket is not None and gain <= 0:
-                skips = self.bucket_skips[m][bucket] = self.bucket_skips[m].get(bucket, 0) + 1
-                trying = skips > STALE_BUCKET_SKIPS
+            if self.members[m].reads_for_free and bucket:
+                gain = max(gain, FREE_ROUND_GAIN)
             gains.append(UNTRIED_GAIN if trying else gain)
         return sum(gains) / len(gains)
 
@@ -457,7 +463,6 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
                 continue
             if row.last_bucket is not None:  # the mean of the bucket's rounds, then a slow running average
                 bucket = row.last_bucket
-                self.bucket_skips[m][bucket] = 0
                 rounds = self.bucket_rounds[m][bucket] = self.bucket_rounds[m].get(bucket, 0) + 1
                 weight = max(BUCKET_AVERAGE, 1 / (rounds + 1))  # the prior counts as one round
                 old = self.bucket_record[m].get(bucket, (None, None))

@@ -18,6 +18,7 @@ calibrates like any drafter's; a sampled row draws from q and rejection sampling
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -32,6 +33,50 @@ from .configuration_suffix import SuffixDrafterConfig
 SEPARATOR = -1  # between two sequences of an index: no match crosses it
 PAST_END = -2  # what a suffix array match reads beyond its text
 FOLD_TOKENS = 4096  # outputs recorded since the shared suffix array was built are folded in past a quarter of this
+
+
+@dataclass(frozen=True)
+class Match:
+    """The longest earlier match of a context's suffix: its `length`, and for each text holding occurrences that
+    long, the positions of the tokens that followed them (`parts`: (text, positions) pairs; a numpy text with an
+    array of positions, or a list with a list). Drafting a token extends the suffix by it, and `follow` narrows the
+    occurrences to those that token continues, so a draft step costs no new search."""
+
+    length: int = 0
+    parts: tuple = ()
+    max_length: int = 0  # the index's max_match_length: a match that long stays that long
+
+    @property
+    def counts(self) -> dict[int, int]:
+        """What followed the occurrences: next-token counts."""
+        counts: dict[int, int] = {}
+        for text, positions in self.parts:
+            if isinstance(text, np.ndarray):
+                tokens, found = np.unique(text[positions], return_counts=True)
+                pairs = zip(tokens.tolist(), found.tolist())
+            else:
+                pairs = ((text[p], 1) for p in positions)
+            for token, count in pairs:
+                counts[token] = counts.get(token, 0) + count
+        return counts
+
+    def follow(self, token: int) -> "Match | None":
+        """The match of the suffix extended by `token`: one longer (up to `max_length`), over the occurrences that
+        `token` continued and that go on; None when none does (search afresh, for a shorter match). The same as a
+        new search, except past `max_length`, where it keeps only occurrences that matched before."""
+        parts = []
+        for text, positions in self.parts:
+            if isinstance(text, np.ndarray):
+                kept = positions[text[positions] == token] + 1
+                kept = kept[kept < len(text)]
+                kept = kept[text[kept] != SEPARATOR]
+            else:
+                kept = [
+                    p + 1 for p in positions if text[p] == token and p + 1 < len(text) and text[p + 1] != SEPARATOR
+                ]
+            if len(kept):
+                parts.append((text, kept))
+        return Match(min(self.length + 1, self.max_length), tuple(parts), self.max_length) if parts else None
 
 
 class SuffixIndex:
@@ -62,13 +107,13 @@ class SuffixIndex:
             self.extend([SEPARATOR])
         self.extend(tokens)
 
-    def match(self, suffix: Sequence[int]) -> tuple[int, dict[int, int]]:
+    def match(self, suffix: Sequence[int]) -> Match:
         """The longest match ℓ (at most `max_match_length`) of the end of `suffix` that has a next token in the text,
-        and the next-token counts over the occurrences that match that long; (0, {}) below `key_length`."""
+        over the occurrences that match that long; no match below `key_length`."""
         k = self.key_length
         if len(suffix) < k:
-            return 0, {}
-        best, counts = 0, {}
+            return Match()
+        best, positions = 0, []
         longest = min(len(suffix), self.max_match_length)
         compared = 0
         for end in reversed(self.ends.get(tuple(suffix[-k:]), ())):
@@ -80,12 +125,11 @@ class SuffixIndex:
             length = k
             while length < longest and end - length >= 0 and self.tokens[end - length] == suffix[-1 - length]:
                 length += 1
-            token = self.tokens[end + 1]
             if length > best:
-                best, counts = length, {token: 1}
+                best, positions = length, [end + 1]
             elif length == best:
-                counts[token] = counts.get(token, 0) + 1
-        return best, counts
+                positions.append(end + 1)
+        return Match(best, ((self.tokens, positions),), self.max_match_length) if best else Match()
 
     def nbytes(self) -> int:
         """Rough memory held (a Python list slot and an index entry per token)."""
@@ -119,7 +163,8 @@ class SuffixArrayIndex:
     def __init__(self, tokens: Sequence[int], key_length: int, max_match_length: int):
         self.key_length, self.max_match_length = key_length, max_match_length
         self.tokens = list(tokens)
-        reverse = np.asarray(self.tokens[::-1], dtype=np.int64)
+        self.text = np.asarray(self.tokens, dtype=np.int64)
+        reverse = self.text[::-1]
         # past the text's start (its reverse's end) a match reads PAST_END, below every token and SEPARATOR
         self.reverse = np.concatenate([reverse, np.full(max_match_length + 1, PAST_END, dtype=np.int64)])
         self.order = suffix_array(reverse)
@@ -128,11 +173,11 @@ class SuffixArrayIndex:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def match(self, suffix: Sequence[int]) -> tuple[int, dict[int, int]]:
-        """As `SuffixIndex.match`, counting what followed every occurrence of the longest match (an occurrence at
-        a sequence's end, followed by nothing, does not count)."""
+    def match(self, suffix: Sequence[int]) -> Match:
+        """As `SuffixIndex.match`, over every occurrence of the longest match (an occurrence at a sequence's end,
+        followed by nothing, does not count)."""
         if len(suffix) < self.key_length or not self.tokens:
-            return 0, {}
+            return Match()
         lo = int(np.searchsorted(self.first, suffix[-1], "left"))
         ranges = [(lo, int(np.searchsorted(self.first, suffix[-1], "right")))]  # matches of length 1, 2, ...
         longest = min(len(suffix), self.max_match_length)
@@ -148,12 +193,11 @@ class SuffixArrayIndex:
         for length in range(len(ranges), self.key_length - 1, -1):
             lo, hi = ranges[length - 1]
             starts = self.order[lo:hi]
-            following = self.reverse[starts[starts > 0] - 1]  # the next token, read backwards
-            following = following[following != SEPARATOR]
+            following = len(self.tokens) - starts[starts > 0]  # the next token's position in the forward text
+            following = following[self.text[following] != SEPARATOR]
             if len(following):
-                tokens, counts = np.unique(following, return_counts=True)
-                return length, dict(zip(tokens.tolist(), counts.tolist()))
-        return 0, {}
+                return Match(length, ((self.text, following),), self.max_match_length)
+        return Match()
 
 
 class SharedIndex:
@@ -206,7 +250,7 @@ class SharedIndex:
         self.sequences = deque(reversed(kept))
         self._build(len(self.sequences))
 
-    def match(self, suffix: Sequence[int]) -> tuple[int, dict[int, int]]:
+    def match(self, suffix: Sequence[int]) -> Match:
         return longest_match((self.array.match(suffix), self.recent.match(suffix)))
 
 
@@ -218,27 +262,30 @@ def join(sequences: Sequence[Sequence[int]]) -> list[int]:
     return text
 
 
-def longest_match(matches: Sequence[tuple[int, dict[int, int]]]) -> tuple[int, dict[int, int]]:
-    """The longest of several indexes' matches (length, next-token counts); the counts of equally long ones add
-    up."""
-    best, counts = 0, {}
-    for length, found in matches:
-        if length > best:
-            best, counts = length, dict(found)
-        elif length == best and length:
-            for token, count in found.items():
-                counts[token] = counts.get(token, 0) + count
-    return best, counts
+def longest_match(matches: Sequence[Match]) -> Match:
+    """The longest of several indexes' matches; the occurrences of equally long ones add up."""
+    best = max((match.length for match in matches), default=0)
+    if not best:
+        return Match()
+    parts = tuple(part for match in matches if match.length == best for part in match.parts)
+    return Match(best, parts, max(match.max_length for match in matches))
 
 
-def draft_log_probabilities(length: int, counts: dict[int, int], vocab_size: int) -> torch.Tensor:
-    """log q over the vocabulary for a match of `length` with next-token `counts` (the module docstring's q)."""
+def draft_log_probabilities(
+    length: int, counts: dict[int, int], vocab_size: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """log q over the vocabulary for a match of `length` with next-token `counts` (the module docstring's q), into
+    `out` (a row of the step's draft logits) when given: a fill and one write per counted token, not a log over the
+    vocabulary."""
     weight = length / (length + 1)
+    floor = (1 - weight) / vocab_size
     total = sum(counts.values())
-    q = torch.full((vocab_size,), (1 - weight) / vocab_size)
-    tokens = torch.tensor(list(counts))
-    q[tokens] += weight * torch.tensor(list(counts.values()), dtype=q.dtype) / total
-    return q.log()
+    out = torch.empty(vocab_size) if out is None else out
+    out.fill_(math.log(floor))
+    out[torch.tensor(list(counts))] = torch.tensor(
+        [math.log(floor + weight * count / total) for count in counts.values()], dtype=out.dtype
+    )
+    return out
 
 
 @dataclass
@@ -391,15 +438,30 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
         self.shared_tokens = torch.tensor(tokens, dtype=torch.long, device=self.device).reshape(-1)
         self.config.shared_index_num_tokens = len(tokens)
 
-    def match(self, state: SuffixDraftState, row: int, suffix: Sequence[int]) -> tuple[int, dict[int, int]]:
-        """The match row `row` drafts from: its own tokens' (prompt and output), unless the shared index's is longer
-        by more than `shared_match_margin` tokens (the request's own text predicts it better at the same length:
-        on Spec-Bench translation, taking the longer match of the two lost a third of τ)."""
-        own = state.rows[row].match(suffix)
-        if not self.config.shared_index_max_tokens:
-            return own
-        shared = self.shared_index.match(suffix)
-        return shared if shared[0] > own[0] + self.config.shared_match_margin else own
+    def shared_match(self, suffix: Sequence[int]) -> Match:
+        """The longest match of `suffix` in the shared index (none when it is off)."""
+        return self.shared_index.match(suffix) if self.config.shared_index_max_tokens else Match()
+
+    def drafting_match(self, own: Match, shared: Match) -> Match:
+        """The match a row drafts from: its own, unless the shared index's is longer by more than
+        `shared_match_margin` tokens (the request's own text predicts it better at the same length: on Spec-Bench
+        translation, taking the longer match of the two lost a third of τ)."""
+        return shared if shared.length > own.length + self.config.shared_match_margin else own
+
+    def _bounded_matches(
+        self, state: SuffixDraftState, row: int, suffix: Sequence[int], own: Match | int, shared: Match | int
+    ) -> tuple[list[Match | int], Match]:
+        """Row `row`'s own and shared matches of `suffix`, each known (a `Match`) or bounded (an int: no new search
+        finds a longer one; exact for the suffix array, nearly so for the n-gram index, which compares only recent
+        occurrences), searched only where the bound could change `drafting_match`'s choice; and that choice."""
+        margin = self.config.shared_match_margin
+        if isinstance(own, int) and not (isinstance(shared, Match) and shared.length > own + margin):
+            own = state.rows[row].match(suffix)
+        if isinstance(shared, int) and not (isinstance(own, Match) and shared <= own.length + margin):
+            shared = self.shared_match(suffix)
+        if isinstance(own, int):
+            return [own, shared], shared
+        return [own, shared], own if isinstance(shared, int) else self.drafting_match(own, shared)
 
     def outlook(self, state: SuffixDraftState, row: int, pending_tokens: list[int]) -> int:
         """The length of the longest earlier match of row `row`'s context (its tokens, then `pending_tokens`)."""
@@ -407,7 +469,7 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
         suffix = (index.tokens[-self.config.max_match_length :] + list(pending_tokens))[
             -self.config.max_match_length :
         ]
-        length = self.match(state, row, suffix)[0]
+        length = self.drafting_match(index.match(suffix), self.shared_match(suffix)).length
         return length if length >= self.config.min_match_length else 0
 
     # -- drafting ---------------------------------------------------------------------------------------------------
@@ -432,6 +494,10 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
         vocab = self.config.vocab_size
         suffixes = [index.tokens[-self.config.max_match_length :] for index in state.rows]
         matched = [True] * batch
+        # each row's (own, shared) match of its suffix so far, or where a drafted token ended it, a bound on the
+        # length a new search could find (`_bounded_matches`); at first unknown
+        unknown = self.config.max_match_length
+        found: list[list[Match | int]] = [[unknown, unknown] for _ in range(batch)]
         draft_ids, draft_logits = [], []
         for step in range(num_tokens):
             if step and keep_drafting is not None and not keep_drafting():
@@ -440,19 +506,26 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
             for r, suffix in enumerate(suffixes):
                 if not matched[r]:
                     continue
-                length, counts = self.match(state, r, suffix)
-                if length < self.config.min_match_length:
+                found[r], match = self._bounded_matches(state, r, suffix, *found[r])
+                if match.length < self.config.min_match_length:
                     matched[r] = False  # uniform from here on: confidence 1/V, never worth verifying
                     continue
-                logits[r] = draft_log_probabilities(length, counts, vocab)
+                draft_log_probabilities(match.length, match.counts, vocab, out=logits[r])
             if not any(matched):
                 break
             tokens = choose(logits)
             draft_ids.append(tokens)
             draft_logits.append(logits)
-            for suffix, token in zip(suffixes, tokens.tolist()):
+            for r, (suffix, token) in enumerate(zip(suffixes, tokens.tolist())):
                 suffix.append(token)
                 del suffix[: len(suffix) - self.config.max_match_length]
+                if matched[r]:  # the token extends each match, or ends it: a new search then finds one at most as long
+                    found[r] = [
+                        (match.follow(token) or match.length)
+                        if isinstance(match, Match)
+                        else min(match + 1, self.config.max_match_length)
+                        for match in found[r]
+                    ]
         device = new_token_ids.device
         if not draft_ids:
             return new_token_ids[:, :0], torch.zeros(batch, 0, vocab, device=device)
