@@ -463,13 +463,22 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
             return [own, shared], shared
         return [own, shared], own if isinstance(shared, int) else self.drafting_match(own, shared)
 
+    def _after(self, match: Match | int, token: int) -> Match | int:
+        """A row's match, or bound, once `token` extends its suffix: the match followed, else its length as the bound
+        (no occurrence went on with `token`); an empty match bounds nothing (the token may start one), nor does a
+        bound grow past `max_match_length`."""
+        if isinstance(match, int):
+            return min(match + 1, self.config.max_match_length)
+        return match.follow(token) or match.length or self.config.max_match_length
+
     def outlook(self, state: SuffixDraftState, row: int, pending_tokens: list[int]) -> int:
         """The length of the longest earlier match of row `row`'s context (its tokens, then `pending_tokens`)."""
         index = state.rows[row]
         suffix = (index.tokens[-self.config.max_match_length :] + list(pending_tokens))[
             -self.config.max_match_length :
         ]
-        length = self.drafting_match(index.match(suffix), self.shared_match(suffix)).length
+        unknown = self.config.max_match_length
+        length = self._bounded_matches(state, row, suffix, unknown, unknown)[1].length
         return length if length >= self.config.min_match_length else 0
 
     # -- drafting ---------------------------------------------------------------------------------------------------
@@ -520,12 +529,7 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
                 suffix.append(token)
                 del suffix[: len(suffix) - self.config.max_match_length]
                 if matched[r]:  # the token extends each match, or ends it: a new search then finds one at most as long
-                    found[r] = [
-                        (match.follow(token) or match.length)
-                        if isinstance(match, Match)
-                        else min(match + 1, self.config.max_match_length)
-                        for match in found[r]
-                    ]
+                    found[r] = [self._after(match, token) for match in found[r]]
         device = new_token_ids.device
         if not draft_ids:
             return new_token_ids[:, :0], torch.zeros(batch, 0, vocab, device=device)
