@@ -47,6 +47,7 @@ def _regenerate(args: argparse.Namespace) -> None:
         batch_size=args.batch_size,
         temperature=args.temperature,
         seed=args.seed,
+        exclude=args.exclude.split(",") if args.exclude else (),
     )
     print(f"{len(records)} responses in {args.output}")
     bound = args.batch_size / load_cost_model(target.model, rows=profiled_rows(args.batch_size))(args.batch_size, 1)
@@ -279,17 +280,10 @@ def _index_outputs(args: argparse.Namespace) -> None:
         raise UsageError(f"--drafter {args.drafter}: neither a suffix drafter nor a router with a suffix member")
     records = read_responses(args.responses)
     if args.exclude:  # evaluation prompts: their responses would replay the answers a benchmark asks for
-        from .prompts import load_prompts
+        from .prompts import normalize_prompt, prompts_of
 
-        def normal(prompt: str) -> str:
-            return " ".join(prompt.lower().split())
-
-        excluded = {
-            normal(row["prompt"])
-            for source in args.exclude.split(",")
-            for row in load_prompts(source, data_dir=args.data_dir)
-        }
-        kept = [record for record in records if normal(record["prompt"]) not in excluded]
+        excluded = prompts_of(args.exclude.split(","), data_dir=args.data_dir)
+        kept = [record for record in records if normalize_prompt(record["prompt"]) not in excluded]
         print(f"{len(records) - len(kept)} responses left out: their prompts are in {args.exclude}")
         records = kept
     responses = [record["response_ids"] for record in records]
@@ -324,6 +318,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--temperature", type=temperature, default=0.0, help="0 (default): greedy; > 0: sampled, one seed per prompt"
     )
     regenerate.add_argument("--seed", type=int, default=0, help="first sampling seed (prompt i gets seed + i)")
+    regenerate.add_argument(
+        "--exclude",
+        default=None,
+        help="prompt sets (comma-separated, e.g. the evaluation sets) whose prompts are skipped",
+    )
 
     teacher_forced = add_command(
         "teacher-forced", help="existing text (prompt sets' own answers, Python sources) as training responses"
@@ -489,7 +488,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         if args.python_source not in (None, "stdlib") and not os.path.isdir(args.python_source):
             raise UsageError(f"--python-source {args.python_source}: no such folder")
     if args.command == "regenerate":
-        sources = args.sources.split(",")
+        sources = args.sources.split(",") + (args.exclude.split(",") if args.exclude else [])
     elif args.command == "index-outputs":
         sources = args.exclude.split(",") if args.exclude else []
     else:

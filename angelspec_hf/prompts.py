@@ -304,6 +304,16 @@ def _load_set(source: str, data_dir: str | None) -> datasets.Dataset:
     return raw.filter(spec.keep)
 
 
+def prompts_of(sources: list[str], data_dir: str | None = None) -> set[str]:
+    """Every prompt of `sources`, whitespace- and case-normalised (`normalize_prompt`): a set to leave out, e.g. the
+    evaluation sets' prompts from training data or a drafter's datastore."""
+    return {normalize_prompt(row["prompt"]) for source in sources for row in load_prompts(source, data_dir=data_dir)}
+
+
+def normalize_prompt(prompt: str) -> str:
+    return " ".join(prompt.lower().split())
+
+
 def load_references(source: str, data_dir: str | None = None, limit: int | None = None) -> list[dict]:
     """`{"prompt", "reference"}` of every record of prompt set `source` with a non-empty answer of its own (the
     sets with answers: see `PromptSet.reference`)."""

@@ -13,8 +13,12 @@ from transformers import AutoModel
 
 import angelspec_hf
 from angelspec_hf import SuffixDrafter
+from angelspec_hf.generation import policies
+from angelspec_hf.generation.dcut import VerifyCostModel
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
+from angelspec_hf.generation.policies import DrafterEstimates
 from angelspec_hf.models.suffix.modeling_suffix import (
+    FREE_ROUND_GAIN,
     SharedIndex,
     SuffixArrayIndex,
     SuffixIndex,
@@ -95,6 +99,25 @@ def test_custom_generate_and_the_engine_decode_as_generate(dcut_always_drafts):
     outputs = engine.generate([Request(p[0].tolist(), max_new_tokens=20, eos_token_id=[]) for p in prompts])
     assert [o.output_ids for o in outputs] == [e[0, p.shape[1] :].tolist() for e, p in zip(solo, prompts)]
     assert sum(sum(o.stats.accepted) for o in outputs[:2]) > 10
+
+
+def test_a_match_drafts_a_round_under_dcut_whatever_the_average_saving_of_its_rounds(monkeypatch):
+    """D-cut's average saving ĝ of the suffix drafter's rounds falls below zero where the cut drops most rounds'
+    drafts; a round with a match still drafts (it costs only lookups, and the cut decides what is verified), so a
+    repeat is drafted and accepted. A context without a match promises nothing."""
+    target = make_target("llama", num_hidden_layers=4, seed=3)
+    drafter = SuffixDrafter.from_target(target, shared_index_max_tokens=0)
+    state = drafter.new_draft_state(1)
+    assert drafter.promised_gain(state, [[1, 2, 3, 4, 5]]) == 0.0
+    assert drafter.promised_gain(state, [[1, 2, 3, 4, 1, 2]]) == FREE_ROUND_GAIN
+    prompt = repeating_prompt(target)
+    expected = target.generate(prompt, max_new_tokens=24, do_sample=False)
+    cost = VerifyCostModel(rows=[1], tokens=[1, 8], seconds=[[1.0, 1.2]], context=0)
+    monkeypatch.setattr(policies, "load_cost_model", lambda target, rows=(1,): cost)
+    drafter.dcut_estimates = DrafterEstimates(read_ratio=0.0, drafting_gain=-0.5)  # rounds so far lost time
+    output = target.generate(prompt, max_new_tokens=24, do_sample=False, assistant_model=drafter)
+    assert torch.equal(output, expected)
+    assert drafter.speculation_stats.summary()["tau"] > 2.0
 
 
 def test_finished_outputs_feed_the_shared_index_which_stays_bounded():

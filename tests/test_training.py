@@ -1,11 +1,13 @@
 """TTT training with the Trainer: data, online/offline hidden states, acceptance callback, resume, CPU DDP."""
 
+import gzip
 import importlib
 import json
 import os
 import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -61,6 +63,28 @@ def test_regeneration_is_resumable_and_records_the_target_output(chat_target, sm
     assert len(again) == 12, "prompts already answered are not regenerated"
 
 
+def test_a_regeneration_killed_mid_write_keeps_its_records_and_resumes(chat_target, smollm2_tokenizer, tmp_path):
+    path = str(tmp_path / "cut.jsonl.gz")
+    kwargs = dict(limit_per_source=3, max_new_tokens=8, batch_size=2)
+    first = regenerate_responses(chat_target, smollm2_tokenizer, ["alpaca_eval"], path, **kwargs)
+    whole = open(path, "rb").read()
+    record = {**first[0], "prompt": "cut off", "response_ids": list(range(3000))}
+    with gzip.open(path, "at", encoding="utf-8") as handle:  # a last append, then the process killed mid-write
+        handle.write(json.dumps(record) + "\n")
+    with open(path, "r+b") as handle:
+        handle.truncate(len(whole) + (os.path.getsize(path) - len(whole)) // 2)
+    with pytest.warns(UserWarning, match="cut-off append"):
+        assert read_responses(path) == first
+    with pytest.warns(UserWarning, match="cut-off append"):
+        regenerate_responses(
+            chat_target, smollm2_tokenizer, ["alpaca_eval"], path, **{**kwargs, "limit_per_source": 4}
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the resumed run rewrote the file before appending to it
+        again = read_responses(path)
+    assert again[:3] == first and len(again) == 4
+
+
 def test_sampled_regeneration_records_its_seeds_and_resumes(chat_target, smollm2_tokenizer, tmp_path):
     path = str(tmp_path / "sampled.jsonl.gz")
     kwargs = dict(limit_per_source=3, max_new_tokens=8, batch_size=2, temperature=1.0, seed=100)
@@ -71,6 +95,15 @@ def test_sampled_regeneration_records_its_seeds_and_resumes(chat_target, smollm2
     )
     second = regenerate_responses(chat_target, smollm2_tokenizer, ["alpaca_eval"], path, **{**kwargs, "seed": 200})
     assert len(second) == 6, "another seed is another pass over the same prompts"
+
+
+def test_regeneration_skips_the_prompts_of_excluded_sets(chat_target, smollm2_tokenizer, tmp_path):
+    path = str(tmp_path / "excluded.jsonl.gz")
+    kwargs = dict(limit_per_source=2, max_new_tokens=4, batch_size=2)
+    records = regenerate_responses(
+        chat_target, smollm2_tokenizer, ["alpaca_eval", "self_instruct"], path, exclude=["self_instruct"], **kwargs
+    )
+    assert [r["prompt"] for r in records] == [row["prompt"] for row in load_prompts("alpaca_eval", limit=2)]
 
 
 def test_teacher_forced_responses_read_answers_and_python_sources(smollm2_tokenizer, tmp_path):

@@ -13,22 +13,54 @@ import json
 import os
 import time
 import warnings
+import zlib
+from typing import Sequence
 
 import torch
 from transformers.utils.logging import tqdm  # honours transformers.utils.logging.disable_progress_bar()
 
 from ..generation.engine import Request, SpeculativeEngine
-from ..prompts import encode_chat, load_prompts, load_references
+from ..prompts import encode_chat, load_prompts, load_references, normalize_prompt, prompts_of
 
 
 def read_responses(path: str) -> list[dict]:
-    """All records of a regenerated-responses file (missing file: empty list); `a.jsonl.gz,b.jsonl.gz` reads several."""
+    """All records of a regenerated-responses file (missing file: empty list); `a.jsonl.gz,b.jsonl.gz` reads several.
+
+    A file whose last append was cut off (the process killed mid-write) gives the records before the cut, with a
+    warning; `regenerate_responses` rewrites such a file before appending to it."""
     records = []
     for one in path.split(","):
-        if os.path.exists(one):
-            with gzip.open(one, "rt", encoding="utf-8") as handle:
-                records += [json.loads(line) for line in handle if line.strip()]
+        records += _read_complete_records(one)[0]
     return records
+
+
+def _read_complete_records(path: str) -> tuple[list[dict], bool]:
+    """The complete records of one file, and whether it ends in a cut-off append."""
+    if not os.path.exists(path):
+        return [], False
+    lines = []
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            for line in handle:
+                lines.append(line)
+    except (EOFError, gzip.BadGzipFile, zlib.error):
+        truncated = True
+    else:
+        truncated = False
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines) or not truncated:
+                raise ValueError(f"{path}, line {number}: not a JSON record") from None
+    if truncated:
+        warnings.warn(
+            f"{path} ends in a cut-off append (an interrupted write): read its {len(records)} complete records"
+        )
+    return records, truncated
 
 
 @torch.no_grad()
@@ -44,8 +76,10 @@ def regenerate_responses(
     batch_size: int = 16,
     temperature: float = 0.0,
     seed: int = 0,
+    exclude: Sequence[str] = (),
 ) -> list[dict]:
-    """The target's own response to every prompt of `sources`, appended to `output_path` as each finishes.
+    """The target's own response to every prompt of `sources`, appended to `output_path` as each finishes; prompts
+    that are also in a prompt set of `exclude` (e.g. the evaluation sets) are skipped.
 
     Decoding runs on the batched engine (no drafter): `batch_size` requests at once, a finished one replaced by the
     next waiting prompt (continuous refill). Greedy by default; with `temperature > 0` each response is sampled with
@@ -55,7 +89,11 @@ def regenerate_responses(
     """
     sampled = temperature > 0
     key = (lambda r: (r["source"], r["prompt"], r.get("seed"))) if sampled else (lambda r: (r["source"], r["prompt"]))
-    done = {key(record) for record in read_responses(output_path) if sampled == ("seed" in record)}
+    existing, truncated = _read_complete_records(output_path)
+    if truncated:  # appending after a cut-off gzip member would hide every later record from readers
+        _write_records(existing, output_path)
+    done = {key(record) for record in existing if sampled == ("seed" in record)}
+    excluded = prompts_of(list(exclude), data_dir=data_dir)
     todo, index = [], 0
     for source in sources:
         for row in load_prompts(source, data_dir=data_dir, limit=limit_per_source):
@@ -63,7 +101,7 @@ def regenerate_responses(
             if sampled:
                 record["seed"] = seed + index  # stable across resumptions: the prompt's place in `sources`
             index += 1
-            if key(record) in done or not row["prompt"].strip():
+            if key(record) in done or not row["prompt"].strip() or normalize_prompt(row["prompt"]) in excluded:
                 continue
             record["prompt_ids"] = encode_chat(tokenizer, row["prompt"])
             if len(record["prompt_ids"]) <= max_prompt_tokens:
