@@ -45,7 +45,7 @@ from .modeling_dfly import DFlyDrafter
 from .configuration_mtp import AngelSpecMTPConfig
 from .modeling_mtp import AngelSpecMTPDrafter
 from .configuration_suffix import SuffixDrafterConfig
-from .modeling_suffix import SuffixDrafter
+from .modeling_suffix import FREE_ROUND_GAIN, SuffixDrafter
 from .configuration_router import RouterDrafterConfig
 
 
@@ -67,9 +67,6 @@ AVERAGE = 0.3  # weight of the newest round in the router's running averages (of
 BUCKET_AVERAGE = 0.05  # and at least in an outlook bucket's record, pooled over requests: the mean of its first 20
 MAX_TRY_BACKOFF = 32  # most new requests a member that keeps losing its tries sits out between two tries
 TRY_SHARE = 0.05  # most of a request's decoding time so far that a try's catch-up (reading its backlog) may cost
-# promised for a round of a member that reads for free and has a match: D-cut's cut of its drafts decides what is
-# verified (nothing, when their calibrated confidences do not pay), so such a round risks only its drafting time
-FREE_ROUND_GAIN = 0.01
 
 
 def _average(old: float | None, new: float, first: float | None = None, weight: float = AVERAGE) -> float:

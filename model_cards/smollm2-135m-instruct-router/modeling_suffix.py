@@ -30,6 +30,11 @@ from .base import AngelSpecDrafterPreTrainedModel, DraftPredictions, check_int
 from .configuration_suffix import SuffixDrafterConfig
 
 
+# promised for a round with a match (`SuffixDrafter.promised_gain`; the router's rounds of this member too): a round
+# risks only its lookups, as D-cut's cut of its drafts verifies none whose calibrated confidence would not pay
+FREE_ROUND_GAIN = 0.01
+
+
 SEPARATOR = -1  # between two sequences of an index: no match crosses it
 PAST_END = -2  # what a suffix array match reads beyond its text
 FOLD_TOKENS = 4096  # outputs recorded since the shared suffix array was built are folded in past a quarter of this
@@ -87,6 +92,7 @@ class SuffixIndex:
         self.key_length, self.max_match_length, self.max_candidates = key_length, max_match_length, max_candidates
         self.tokens: list[int] = []
         self.ends: dict[tuple[int, ...], list[int]] = {}
+        self.read_ahead = 0  # leading tokens of the next round's verified tokens indexed already (`promised_gain`)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -471,6 +477,17 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
             return min(match + 1, self.config.max_match_length)
         return match.follow(token) or match.length or self.config.max_match_length
 
+    def promised_gain(self, state: SuffixDraftState, pending: list[list[int]] | None = None) -> float:
+        """FREE_ROUND_GAIN when some row has a match (`outlook`, once each row has indexed its `pending` verified
+        tokens, which the next round then skips), else 0 (nothing to draft). A round costs only index lookups, and D-cut's cut verifies none of its drafts whose calibrated confidence would not pay, so with a
+        match the round drafts and the cut decides: the policy's average saving ĝ, which the many rounds whose
+        drafts the cut drops pull below zero, would otherwise stop drafting on the rounds with a long match too."""
+        for index, tokens in zip(state.rows, pending or [[] for _ in state.rows]):
+            index.extend(tokens[index.read_ahead :])  # read now, so that skipped rounds keep the index current
+            index.read_ahead = len(tokens)
+        matched = any(self.outlook(state, r, []) for r in range(len(state.rows)))
+        return FREE_ROUND_GAIN if matched else 0.0
+
     def outlook(self, state: SuffixDraftState, row: int, pending_tokens: list[int]) -> int:
         """The length of the longest earlier match of row `row`'s context (its tokens, then `pending_tokens`)."""
         index = state.rows[row]
@@ -499,7 +516,8 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
         batch, count = new_token_ids.shape
         lengths = new_lengths.tolist() if new_lengths is not None else [count] * batch
         for index, tokens, length in zip(state.rows, new_token_ids.tolist(), lengths):
-            index.extend(tokens[:length])
+            index.extend(tokens[index.read_ahead : length])
+            index.read_ahead = 0
         vocab = self.config.vocab_size
         suffixes = [index.tokens[-self.config.max_match_length :] for index in state.rows]
         matched = [True] * batch
