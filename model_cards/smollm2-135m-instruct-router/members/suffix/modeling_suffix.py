@@ -479,9 +479,10 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
 
     def promised_gain(self, state: SuffixDraftState, pending: list[list[int]] | None = None) -> float:
         """FREE_ROUND_GAIN when some row has a match (`outlook`, once each row has indexed its `pending` verified
-        tokens, which the next round then skips), else 0 (nothing to draft). A round costs only index lookups, and D-cut's cut verifies none of its drafts whose calibrated confidence would not pay, so with a
-        match the round drafts and the cut decides: the policy's average saving ĝ, which the many rounds whose
-        drafts the cut drops pull below zero, would otherwise stop drafting on the rounds with a long match too."""
+        tokens, which the next round then skips), else 0 (nothing to draft). A round costs only index lookups, and
+        D-cut's cut verifies none of its drafts whose calibrated confidence would not pay, so with a match the round
+        drafts and the cut decides: the policy's average saving ĝ, which the many rounds whose drafts the cut drops
+        pull below zero, would otherwise stop drafting on the rounds with a long match too."""
         for index, tokens in zip(state.rows, pending or [[] for _ in state.rows]):
             index.extend(tokens[index.read_ahead :])  # read now, so that skipped rounds keep the index current
             index.read_ahead = len(tokens)
