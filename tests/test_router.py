@@ -133,8 +133,9 @@ def test_promised_gain_is_optimistic_for_a_try_and_prices_the_best_member_otherw
     router.bucket_record[2][int(3).bit_length()] = (3.0, {3: 1.0})
     assert router.choice(state, 0)[:2] == (2, 2)
     assert router.promised_gain(state) == pytest.approx(1 - 1 / (4.0 / (0.01 + 1.3)))
-    for row in state.rows:  # a member not tried for explore_tokens tokens is due again
-        row.members[0].since = router.config.explore_tokens
+    for row in state.rows:  # a member not tried for explore_tokens tokens is due again (and waited its longest
+        row.members[0].since = router.config.explore_tokens  # for a round the suffix member would not draft)
+        row.members[0].due_since = row.read - router.config.explore_tokens
     assert router.choice(state, 0) == (0, None, True) and router.promised_gain(state) > 0
     # where widening the batch's verify costs more (compute-bound), the same record promises less
     for row in state.rows:
@@ -142,6 +143,34 @@ def test_promised_gain_is_optimistic_for_a_try_and_prices_the_best_member_otherw
     cheap = router.promised_gain(state)
     router.verify_cost_model = VerifyCostModel(rows=[1, 2], tokens=[1, 4], seconds=[[1.0, 1.3], [1.0, 2.5]], context=0)
     assert router.promised_gain(state) < cheap
+
+
+def test_a_due_try_waits_for_a_round_no_other_member_would_draft_at_most_explore_tokens():
+    """A try displaces the round's member: while the suffix member has a match its record says pays, MTP's due
+    re-try waits (the suffix member drafts), for at most `explore_tokens` verified tokens; in a round without a
+    match, where nothing would be drafted, it goes at once."""
+    target = make_target("llama", num_hidden_layers=2)
+    router = make_router(target)
+    router.verify_cost_model = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 1.3]], context=0)
+    router.member_seconds = [0.05, 0.1, 0.01]
+    state = router.new_draft_state(1)
+    row = state.rows[0]
+    router.admit(state, 0)
+    for m, own in enumerate(row.members[:2]):  # both tried before, accepting little; MTP's re-try is due
+        own.accepted, own.verified = router.member_accepted[m], router.member_verified[m] = 0.1, {2: 1.0}
+    row.members[0].since = router.config.explore_tokens
+    state.members[2].rows[0].extend([1, 2, 3, 4, 5, 1, 2, 3])  # the suffix member has a match of 3
+    router.bucket_record[2][int(3).bit_length()] = (3.0, {3: 1.0})
+    router.bucket_record[2][0] = (0.0, {0: 1.0})  # and without a match accepts nothing
+    row.read = 100
+    assert router.choice(state, 0) == (2, 2, False) and row.members[0].due_since == 100
+    row.read += router.config.explore_tokens - 1
+    assert router.choice(state, 0) == (2, 2, False)
+    row.read += 1
+    assert router.choice(state, 0) == (0, None, True)
+    row.members[0].due_since = None
+    state.members[2].rows[0].extend([7])  # no match now: the round would draft nothing, so the try goes at once
+    assert router.choice(state, 0) == (0, None, True)
 
 
 def test_a_member_that_loses_its_tries_sits_out_the_tries_of_the_next_requests():
@@ -307,6 +336,7 @@ def test_a_batch_of_new_requests_tries_each_member_on_one_request_at_a_time():
     state.rows[0].last_member, state.rows[0].last_try = choices[0][0], True
     router.record_acceptance(state, [3, 0, 0, 0], [3, 0, 0, 0])  # the try wins: no backoff
     state.add_rows(1)
+    router.bucket_record[2][0] = (0.0, {0: 1.0})  # the suffix member without a match accepts nothing: an idle round
     assert choices[0][0] == 0 and router.choice(state, 4) == (0, None, True)  # MTP's try is judged: tried again
     assert not state.rows[4].members[1].tries  # DFly's first try (request 0's) is still to come
 

@@ -120,6 +120,22 @@ def test_a_match_drafts_a_round_under_dcut_whatever_the_average_saving_of_its_ro
     assert drafter.speculation_stats.summary()["tau"] > 2.0
 
 
+def test_a_round_searches_each_rows_match_once_for_its_outlook_and_its_drafts(monkeypatch):
+    """`promised_gain` (the outlook) and the round's `propose` read the same search of the text's end; drafting
+    then follows the match token by token, and the next round's new tokens search afresh."""
+    target = make_target("llama", num_hidden_layers=4, seed=3)
+    drafter = SuffixDrafter.from_target(target, shared_index_max_tokens=0)
+    searches, search = [], SuffixIndex.match
+    monkeypatch.setattr(SuffixIndex, "match", lambda self, suffix: searches.append(1) or search(self, suffix))
+    state = drafter.new_draft_state(1)
+    assert drafter.promised_gain(state, [[1, 2, 3, 4, 1, 2]]) == FREE_ROUND_GAIN and len(searches) == 1
+    no_tokens = torch.zeros(1, 0, dtype=torch.long)
+    ids, _ = drafter.propose(state, (), no_tokens, 2, lambda logits: logits.argmax(-1))
+    assert ids.tolist() == [[3, 4]] and len(searches) == 1
+    drafter.propose(state, (), torch.tensor([[3, 4, 1]]), 1, lambda logits: logits.argmax(-1))
+    assert len(searches) == 2
+
+
 def test_finished_outputs_feed_the_shared_index_which_stays_bounded():
     target = make_target("llama", num_hidden_layers=4, seed=5)
     drafter = SuffixDrafter.from_target(target, shared_index_max_tokens=64)

@@ -90,12 +90,15 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         past_key_values: DynamicCache | None = None,
         use_cache: bool = False,
+        with_logits: bool = True,
     ) -> MTPDrafterOutput:
         """One depth for a chunk of positions.
 
         `hidden_states` [B, T, H] is h(k-1) (the target's, or the previous depth's); `input_ids` [B, T] are the
         target-vocabulary tokens x̃_k paired with it; `attention_mask` is a boolean [B, 1, T, T_past + T] mask
-        (causal over the cache when omitted).
+        (causal over the cache when omitted). `with_logits=False` skips the draft head (logits None): a round
+        reading many verified tokens needs them at its last position only, and the head costs as much per position
+        as the layer.
         """
         embeds = self.embed_tokens(input_ids)
         if past_key_values is None and use_cache:
@@ -116,7 +119,7 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         return MTPDrafterOutput(
             last_hidden_state=hidden,
             features=features,
-            logits=self.draft_logits(features),
+            logits=self.draft_logits(features) if with_logits else None,
             past_key_values=past_key_values,
         )
 
@@ -322,11 +325,13 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
             attention_mask=mask,
             past_key_values=cache.cache,
             use_cache=True,
+            with_logits=False,
         )
         state.commit()
-        hidden, logits, position = (
-            last_valid(t, new_valid) for t in (output.last_hidden_state, output.logits, positions)
+        hidden, features, position = (
+            last_valid(t, new_valid) for t in (output.last_hidden_state, output.features, positions)
         )
+        logits = self.draft_logits(features)
         draft_ids, draft_logits = [], []
         for depth in range(num_tokens):
             token = self.to_target_ids(choose(logits[:, 0]))[:, None]

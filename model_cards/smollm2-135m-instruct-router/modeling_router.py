@@ -19,7 +19,10 @@ adds no catch-up price of its own. A request tries every member once, and again 
 another's try of a member is pending does not try it, and goes by that try's verdict); the router tells the verify
 policy what its next round promises (`promised_gain`), optimistic for such a try. A try costs the member's catch-up
 on the request's whole backlog (a long prompt), so a try waits until that costs a small share of the request's
-decoding so far (`needs_try`), and tries back off across requests: a member whose try loses (the
+decoding so far (`needs_try`); it displaces the member that would have drafted the round, so a member tried before
+then waits for an idle round, where no other member promises a gain, at most `explore_tokens` verified tokens
+(`choice`); and tries
+back off across requests: a member whose try loses (the
 rate of its try round below the best other member's score, or below decoding without drafts) sits out the tries of
 the next `b` new requests, b doubling with each loss up to `MAX_TRY_BACKOFF` and back to 0 on a win; within a request, its
 re-try interval doubles with each loss there. Which member drafts a round reads only earlier rounds, and each
@@ -98,6 +101,7 @@ class MemberRow:
     since: int = 0  # this request's verified tokens since the member last drafted it (read at propose time)
     tries: bool = True  # whether the member is tried on this request (its backoff across requests allows it)
     explore_every: int | None = None  # this request's re-try interval (explore_tokens, doubled by each lost try)
+    due_since: int | None = None  # the request's verified tokens when its due try began to wait for an idle round
 
 
 @dataclass
@@ -110,6 +114,7 @@ class RouterRow:
     read_ahead: int = 0  # leading tokens of the next drafting round's backlog the free readers have read already
     prompt: int | None = None  # tokens of the request's first round (its prompt)
     read: int = 0  # tokens of the request the router has queued for its members, prompt included
+    plan: tuple | None = None  # (read, choice): the choice `promised_gain` made for the round at `read` tokens
 
 
 class RouterDraftState:
@@ -396,18 +401,37 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
     def choice(self, state: RouterDraftState, r: int, pending: list[int] = ()) -> tuple[int, int | None, bool]:
         """Request r's member for this round, its outlook bucket, and whether it is a try: a member without an
         outlook due a try (the cheapest first), else the best score; where no score beats decoding without drafts,
-        a member that reads for free and has a match (the suffix member: `promised_gain` lets its cut decide)."""
+        a member that reads for free and has a match (the suffix member: `promised_gain` lets its cut decide).
+
+        A try displaces the member that would have drafted the round, so a due try of a member with a record (one
+        tried before, on any request) waits for an idle round, one where no other member's score beats decoding
+        without drafts and no free reader has a match (a suffix round with a long match is worth more than a try
+        that usually loses), but at most `explore_tokens` verified tokens."""
         row, looks = state.rows[r], self.outlooks(state, r, pending)
         self.admit(state, r)
         rows = len(state.rows)
         due = [m for m, look in enumerate(looks) if look is None and self.needs_try(row, m, len(pending), rows)]
-        if due:
-            m = min(due, key=lambda m: self.member_seconds[m] or 0.0)
-            return m, None, True
         scores = [self.score(row, m, looks[m], len(pending), rows) for m in range(len(self.members))]
-        m = max(range(len(self.members)), key=scores.__getitem__)
+        plain = self._rate(0.0, NO_DRAFTS, 0.0, rows)
         matched = [f for f, member in enumerate(self.members) if member.reads_for_free and looks[f]]
-        if scores[m] <= self._rate(0.0, NO_DRAFTS, 0.0, rows) and matched:
+        if due:
+            now = row.read + len(pending)
+            best = max((score for m, score in enumerate(scores) if m not in due), default=0.0)
+            idle = best <= plain and not matched
+            for m in due:
+                row.members[m].due_since = now if row.members[m].due_since is None else row.members[m].due_since
+            ready = [
+                m
+                for m in due
+                if idle
+                or self.member_accepted[m] is None
+                or now - row.members[m].due_since >= self.config.explore_tokens
+            ]
+            if ready:
+                m = min(ready, key=lambda m: self.member_seconds[m] or 0.0)
+                return m, None, True
+        m = max(range(len(self.members)), key=scores.__getitem__)
+        if scores[m] <= plain and matched:
             m = max(matched, key=scores.__getitem__)
         return m, looks[m], False
 
@@ -428,6 +452,7 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         gains = []
         for r, row in enumerate(state.rows):
             m, bucket, trying = self.choice(state, r, pending[r])
+            row.plan = (row.read + len(pending[r]), (m, bucket, trying))  # what `propose` drafts this round with
             gain = 1 - plain / self.score(row, m, bucket, len(pending[r]), len(state.rows))
             if self.members[m].reads_for_free and bucket:
                 gain = max(gain, FREE_ROUND_GAIN)
@@ -504,12 +529,17 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             row.read_ahead = 0
             row.read += lengths[r]
             row.prompt = lengths[r] if row.prompt is None else row.prompt
-        choices = [self.choice(state, r) for r in range(batch)]
+        choices = [
+            row.plan[1] if row.plan is not None and row.plan[0] == row.read else self.choice(state, r)
+            for r, row in enumerate(state.rows)
+        ]
         chosen = [m for m, _, _ in choices]
         if hasattr(choose, "sources"):  # a DraftRound: D-cut calibrates each member's confidences apart
             choose.sources = torch.tensor(chosen)
-        for row, (_, bucket, trying) in zip(state.rows, choices):
-            row.last_bucket, row.last_try = bucket, trying
+        for row, (m, bucket, trying) in zip(state.rows, choices):
+            row.last_bucket, row.last_try, row.plan = bucket, trying, None
+            if trying:
+                row.members[m].due_since = None
         sampled = bool(getattr(choose, "sampled", torch.ones(1, dtype=torch.bool)).any())
         drafted = []
         for m in sorted(set(chosen)):

@@ -93,6 +93,7 @@ class SuffixIndex:
         self.tokens: list[int] = []
         self.ends: dict[tuple[int, ...], list[int]] = {}
         self.read_ahead = 0  # leading tokens of the next round's verified tokens indexed already (`promised_gain`)
+        self.end_matches: tuple[int, list] | None = None  # (text length, matches of the text's end) for this round
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -496,8 +497,19 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
             -self.config.max_match_length :
         ]
         unknown = self.config.max_match_length
-        length = self._bounded_matches(state, row, suffix, unknown, unknown)[1].length
+        found = self.end_matches(state, row) if not pending_tokens else [unknown, unknown]
+        length = self._bounded_matches(state, row, suffix, *found)[1].length
         return length if length >= self.config.min_match_length else 0
+
+    def end_matches(self, state: SuffixDraftState, row: int) -> list[Match | int]:
+        """Row `row`'s own and shared matches (or bounds) of its text's end, as `_bounded_matches` finds them: searched
+        once per round, which both `outlook` and the round's `propose` read."""
+        index = state.rows[row]
+        if index.end_matches is None or index.end_matches[0] != len(index):
+            unknown = self.config.max_match_length
+            suffix = index.tokens[-unknown:]
+            index.end_matches = (len(index), self._bounded_matches(state, row, suffix, unknown, unknown)[0])
+        return list(index.end_matches[1])
 
     # -- drafting ---------------------------------------------------------------------------------------------------
 
@@ -523,9 +535,8 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
         suffixes = [index.tokens[-self.config.max_match_length :] for index in state.rows]
         matched = [True] * batch
         # each row's (own, shared) match of its suffix so far, or where a drafted token ended it, a bound on the
-        # length a new search could find (`_bounded_matches`); at first unknown
-        unknown = self.config.max_match_length
-        found: list[list[Match | int]] = [[unknown, unknown] for _ in range(batch)]
+        # length a new search could find (`_bounded_matches`)
+        found = [self.end_matches(state, r) for r in range(batch)]
         draft_ids, draft_logits = [], []
         for step in range(num_tokens):
             if step and keep_drafting is not None and not keep_drafting():
