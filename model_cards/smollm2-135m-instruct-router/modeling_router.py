@@ -21,11 +21,10 @@ policy what its next round promises (`promised_gain`), optimistic for such a try
 on the request's whole backlog (a long prompt), so a try waits until that costs a small share of the request's
 decoding so far (`needs_try`); it displaces the member that would have drafted the round, so a member tried before
 then waits for an idle round, where no other member promises a gain, at most `explore_tokens` verified tokens
-(`choice`); and tries
-back off across requests: a member whose try loses (the
-rate of its try round below the best other member's score, or below decoding without drafts) sits out the tries of
-the next `b` new requests, b doubling with each loss up to `MAX_TRY_BACKOFF` and back to 0 on a win; within a request, its
-re-try interval doubles with each loss there. Which member drafts a round reads only earlier rounds, and each
+(`choice`); and tries back off across requests: a member whose try loses (the rate of its try round below the
+best other member's score, or below decoding without drafts) sits out the tries of the next `b` new requests, b
+doubling with each loss up to `MAX_TRY_BACKOFF` and back to 0 on a win; within a request, its re-try interval
+doubles with each loss there. Which member drafts a round reads only earlier rounds, and each
 member's drafts keep their own draft law, so the output keeps the target's (rejection sampling).
 Written by hand: no library routes between speculative drafters.
 """
@@ -419,7 +418,8 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             best = max((score for m, score in enumerate(scores) if m not in due), default=0.0)
             idle = best <= plain and not matched
             for m in due:
-                row.members[m].due_since = now if row.members[m].due_since is None else row.members[m].due_since
+                if row.members[m].due_since is None:
+                    row.members[m].due_since = now
             ready = [
                 m
                 for m in due
@@ -536,10 +536,8 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         chosen = [m for m, _, _ in choices]
         if hasattr(choose, "sources"):  # a DraftRound: D-cut calibrates each member's confidences apart
             choose.sources = torch.tensor(chosen)
-        for row, (m, bucket, trying) in zip(state.rows, choices):
+        for row, (_, bucket, trying) in zip(state.rows, choices):
             row.last_bucket, row.last_try, row.plan = bucket, trying, None
-            if trying:
-                row.members[m].due_since = None
         sampled = bool(getattr(choose, "sampled", torch.ones(1, dtype=torch.bool)).any())
         drafted = []
         for m in sorted(set(chosen)):
@@ -553,6 +551,7 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             row.last_member = m
             for other, own in enumerate(row.members):
                 own.since = 0 if other == m else own.since + length
+                own.due_since = None if other == m else own.due_since  # drafting, it is no longer waiting
         steps = max(ids.shape[1] for _, ids, _ in drafted)
         draft_ids = new_token_ids.new_zeros(batch, steps)
         draft_logits = torch.zeros(batch, steps, self.config.vocab_size if sampled else 0, device=new_token_ids.device)
