@@ -31,6 +31,7 @@ _EXPORTS = {
     "load_target": "targets",
     "speculative_generate": "generation",
     "tokenizer_fingerprint": "targets",
+    "tune_linear_kernels": "generation",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -83,6 +83,20 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--dtype", choices=TARGET_DTYPES, default="float32", help="the target's dtype")
     parser.add_argument("--device", default="cpu", help="the target's device (e.g. cuda:0)")
+    parser.add_argument(
+        "--linear-kernels",
+        choices=("tuned", "default"),
+        default="tuned",
+        help="tuned: on a CPU the target's linear layers run the fastest GEMM per row count measured on this machine "
+        "(cached); default: PyTorch's own F.linear",
+    )
+
+
+def load_target_from_args(args: argparse.Namespace):
+    """The target `add_target_arguments`' options name."""
+    from .targets import load_target
+
+    return load_target(args.target, dtype=args.dtype, device=args.device, tune_kernels=args.linear_kernels == "tuned")
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,6 +1,7 @@
 """`angelspec` command line: `demo`, `regenerate` training responses, `estimate` a drafter's acceptance offline,
 `bench` drafters against plain decoding (one sequence at a time, or batched with `--concurrency`), `batch` serves a
-prompt set through the batched engine, `profile` the verify cost D-cut plans with."""
+prompt set through the batched engine, `profile` this machine's linear-kernel plan and the verify cost D-cut plans
+with."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from .arguments import (
     add_bench_arguments,
     add_suite_arguments,
     add_target_arguments,
+    load_target_from_args,
     policy,
     positive_int,
     positive_int_list,
@@ -31,10 +33,9 @@ class UsageError(ValueError):
 def _regenerate(args: argparse.Namespace) -> None:
     from .generation.dcut import load_cost_model
     from .generation.policies import profiled_rows
-    from .targets import load_target
     from .training.regenerate import regenerate_responses
 
-    target = load_target(args.target, dtype=args.dtype, device=args.device)
+    target = load_target_from_args(args)
     records = regenerate_responses(
         target.model,
         target.tokenizer,
@@ -90,9 +91,8 @@ def _demo(args: argparse.Namespace) -> None:
     from .benchmark.bench import drafter_methods, format_table, run_benchmark
     from .hub import load_drafter
     from .prompts import default_data_dir, encode_chat, load_prompts
-    from .targets import load_target
 
-    target = load_target(args.target, dtype=args.dtype, device=args.device)
+    target = load_target_from_args(args)
     drafter = load_drafter(args.drafter, target.model, target.tokenizer)
     if default_data_dir() is not None:
         prompts = [row["prompt"] for row in load_prompts("mt_bench", limit=args.limit)]
@@ -131,9 +131,19 @@ def _suite(args: argparse.Namespace) -> None:
 
 def _profile(args: argparse.Namespace) -> None:
     from .generation.dcut import cost_model_path, profile_verify_cost
-    from .targets import load_target
+    from .generation.kernels import tune_linear_kernels
 
-    target = load_target(args.target, dtype=args.dtype, device=args.device)
+    target = load_target_from_args(args)
+    if args.linear_kernels == "tuned":  # the kernel plan first: the verify cost is the tuned model's
+        plan = tune_linear_kernels(target.model, measure=True)
+        if plan is not None:
+            print(
+                "linear kernels (rows: kernel at rows): "
+                + (
+                    ", ".join(f"{rows}: {name} at {padded}" for rows, (name, padded) in sorted(plan.choices.items()))
+                    or "PyTorch's default everywhere"
+                )
+            )
     rows = sorted({int(r) for r in args.rows.split(",")})
     model = profile_verify_cost(target.model, rows=rows, repeats=args.repeats)
     path = args.output or cost_model_path(target.model)
@@ -150,9 +160,8 @@ def _batch(args: argparse.Namespace) -> None:
     from .generation.engine import Request, SpeculativeEngine
     from .hub import load_drafter
     from .prompts import encode_chat, load_prompts
-    from .targets import load_target
 
-    target = load_target(args.target, dtype=args.dtype, device=args.device)
+    target = load_target_from_args(args)
     drafter = None
     if args.drafter:
         drafter = load_drafter(args.drafter, target.model, target.tokenizer)
@@ -203,10 +212,9 @@ def _estimate(args: argparse.Namespace) -> None:
     from torch.utils.data import DataLoader
 
     from .hub import load_drafter
-    from .targets import load_target
     from .training import PackedCollator, build_training_dataset, estimate_acceptance, precompute_hidden_states
 
-    target = load_target(args.target, dtype=args.dtype, device=args.device)
+    target = load_target_from_args(args)
     drafter = load_drafter(args.drafter, target.model, target.tokenizer)
     sources = args.sources.split(",") if args.sources else None
     dataset = build_training_dataset(args.responses, args.max_length, sources=sources)

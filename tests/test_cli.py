@@ -320,4 +320,7 @@ def test_target_dtype_and_device_are_checked_then_passed_to_the_load(capsys, mon
     monkeypatch.setattr(targets, "load_target", record)
     with pytest.raises(AssertionError, match="a model was loaded"):
         main(["bench", "--prompts", str(prompts), "--dtype", "bfloat16", "--device", "cpu"])
-    assert seen == {"name": "smollm2", "dtype": "bfloat16", "device": "cpu"}
+    assert seen == {"name": "smollm2", "dtype": "bfloat16", "device": "cpu", "tune_kernels": True}
+    with pytest.raises(AssertionError, match="a model was loaded"):
+        main(["bench", "--prompts", str(prompts), "--linear-kernels", "default"])
+    assert seen["tune_kernels"] is False

@@ -23,6 +23,7 @@ from transformers.utils.logging import tqdm  # honours transformers.utils.loggin
 
 from ..generation.dcut import load_cost_model
 from ..generation.engine import resident_memory_bytes
+from ..generation.kernels import installed_plan
 from ..generation.policies import DCut, VerifyPolicy, resolve_policy
 from ..metrics import SpeculationStats, SpeculativeAcceptance
 from ..prompts import encode_chat, load_prompts
@@ -214,9 +215,11 @@ def run_benchmark(
         meter.remove()
     ar = results["ar"]
     ar_tokens_per_s = ar.new_tokens / ar.seconds if ar.seconds else 0.0
+    plan = installed_plan(target)
     report = {
         "machine": machine_state(),
         "target": getattr(target.config, "name_or_path", None),
+        "linear_kernels": {str(rows): choice for rows, choice in sorted(plan.choices.items())} if plan else "default",
         "max_new_tokens": max_new_tokens,
         "repeats": repeats,
         "num_prompts": len(prompts),
@@ -392,10 +395,10 @@ def assisted_heuristic_method(target, num_layers: int) -> Method:
 
 
 def main(args: argparse.Namespace) -> dict:
+    from ..arguments import load_target_from_args
     from ..hub import load_drafter
-    from ..targets import load_target
 
-    target = load_target(args.target, dtype=args.dtype, device=args.device)
+    target = load_target_from_args(args)
     methods, engine_drafters = [], []
     if args.prompt_lookup:
         methods.append(prompt_lookup_method(args.prompt_lookup))

@@ -386,7 +386,7 @@ def update_model_cards(report: dict, drafters_dir: str) -> list[str]:
 
 
 def main(args) -> dict:
-    from ..targets import load_target
+    from ..arguments import load_target_from_args
 
     size = QUICK if args.quick else FULL
     overrides = {
@@ -395,7 +395,7 @@ def main(args) -> dict:
         "repeats": args.repeats,
     }
     size = dataclasses.replace(size, **{key: value for key, value in overrides.items() if value is not None})
-    target = load_target(args.target, dtype=args.dtype, device=args.device)
+    target = load_target_from_args(args)
     report = run_suite(target, size, args.drafters_dir, args.data_dir)
     report["command"] = getattr(args, "command_line", None)
     report["size_name"] = "quick" if args.quick else "full"

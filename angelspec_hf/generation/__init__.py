@@ -1,5 +1,6 @@
 from .candidate_generator import AngelSpecCandidateGenerator
 from .engine import Request, RequestOutput, SpeculativeEngine
+from .kernels import tune_linear_kernels
 from .speculative import install, speculative_generate
 
 
@@ -10,4 +11,5 @@ __all__ = [
     "SpeculativeEngine",
     "install",
     "speculative_generate",
+    "tune_linear_kernels",
 ]

@@ -36,8 +36,12 @@ MAX_VERIFY_SECONDS = 600.0  # a profiled forward slower than this is a corrupt p
 
 
 def machine_description(target) -> dict:
-    """What a latency profile depends on: the target's shape and precision, the device, threads and torch."""
+    """What a latency profile depends on: the target's shape and precision, the device, threads, torch, and the
+    linear-kernel plan its layers follow (`kernels.tune_linear_kernels`; "default": none)."""
+    from .kernels import installed_plan
+
     config = target.config.get_text_config()
+    plan = installed_plan(target)
     return {
         "target": getattr(config, "_name_or_path", "") or config.model_type,
         "model_type": config.model_type,
@@ -49,6 +53,7 @@ def machine_description(target) -> dict:
         "processor": platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "linear_kernels": plan.fingerprint() if plan is not None else "default",
     }
 
 
@@ -179,11 +184,17 @@ def profile_verify_cost(
     return VerifyCostModel(list(rows), list(tokens), seconds, context, machine_description(target))
 
 
-def cost_model_path(target) -> str:
-    """Where the profile of `target` on this machine is cached (`$ANGELSPEC_CACHE`, default ~/.cache/angelspec_hf)."""
+def cache_path(kind: str, target) -> str:
+    """Where a measurement of `kind` of `target` on this machine is cached (`$ANGELSPEC_CACHE`, default
+    ~/.cache/angelspec_hf), keyed by `machine_description`."""
     root = os.environ.get("ANGELSPEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "angelspec_hf")
     key = hashlib.sha1(json.dumps(machine_description(target), sort_keys=True).encode()).hexdigest()[:16]
-    return os.path.join(root, "verify_cost", f"{key}.json")
+    return os.path.join(root, kind, f"{key}.json")
+
+
+def cost_model_path(target) -> str:
+    """Where the verify-cost profile of `target` on this machine is cached."""
+    return cache_path("verify_cost", target)
 
 
 _LOADED: dict[str, VerifyCostModel] = {}

@@ -275,6 +275,7 @@ REMOTE_CODE_HELPERS = (
     "generation/engine.py",
     "generation/policies.py",
     "generation/dcut.py",
+    "generation/kernels.py",
 )
 
 
