@@ -110,7 +110,7 @@ def test_training_through_tuned_linears_takes_f_linear_and_its_gradients(tmp_pat
     assert layer.weight.grad is not None
 
 
-def test_speculative_decoding_on_a_tuned_target_equals_its_plain_decoding(tmp_path):
+def test_speculative_decoding_on_a_tuned_target_with_its_drafter_following_equals_its_plain_decoding(tmp_path):
     target = make_target("llama", seed=3)
     every_row_transposed = {rows: ("w_xt", max(rows, 2)) for rows in range(1, 5)}
     tune_linear_kernels(target, path=saved_plan(tmp_path, every_row_transposed))
@@ -125,6 +125,7 @@ def test_speculative_decoding_on_a_tuned_target_equals_its_plain_decoding(tmp_pa
         output = target.generate(prompt, max_new_tokens=new_tokens, do_sample=False, assistant_model=drafter)
         assert torch.equal(output, reference)
         accepted += sum(drafter.speculation_stats.accepted)
+    assert installed_plan(drafter) == installed_plan(target)  # bound, the drafter follows the target's plan
     assert accepted > 10, "the oracle should have made many drafts acceptable"
 
 

@@ -134,9 +134,11 @@ def untune_linear_kernels(model: nn.Module) -> None:
 
 
 @torch.no_grad()
-def measure_linear_kernels(model: nn.Module, max_rows: int = MAX_ROWS, repeats: int = 5) -> LinearKernelPlan:
+def measure_linear_kernels(model: nn.Module, max_rows: int = MAX_ROWS, repeats: int = 7) -> LinearKernelPlan:
     """Time one sweep over all of `model`'s linear layers with each kernel at each row count 1 … `max_rows`
-    (median of `repeats`, after one warm-up) and choose the plan (`LinearKernelPlan.from_seconds`)."""
+    (median of `repeats`, after one warm-up round; every kernel and row count takes its turn within each round, so
+    a burst of load on a shared machine lands on one repeat of each) and choose the plan
+    (`LinearKernelPlan.from_seconds`)."""
     from .dcut import machine_description
 
     if not isinstance(max_rows, int) or max_rows < 1 or not isinstance(repeats, int) or repeats < 1:
@@ -146,21 +148,23 @@ def measure_linear_kernels(model: nn.Module, max_rows: int = MAX_ROWS, repeats: 
         raise ValueError(f"{type(model).__name__} has no nn.Linear layers to tune")
     weight = layers[0].weight
     generator = torch.Generator().manual_seed(0)
-    seconds = {}
-    for name, kernel in KERNELS.items():
-        seconds[name] = []
-        for rows in range(1, max_rows + 1):
-            inputs = {
-                features: torch.randn(rows, features, generator=generator).to(weight.device, weight.dtype)
-                for features in {layer.in_features for layer in layers}
-            }
-            timings = []
-            for _ in range(repeats + 1):
+    inputs = [
+        {
+            features: torch.randn(rows, features, generator=generator).to(weight.device, weight.dtype)
+            for features in {layer.in_features for layer in layers}
+        }
+        for rows in range(1, max_rows + 1)
+    ]
+    timings = {name: [[] for _ in inputs] for name in KERNELS}
+    for repeat in range(repeats + 1):
+        for index, row_inputs in enumerate(inputs):
+            for name, kernel in KERNELS.items():
                 start = time.perf_counter()
                 for layer in layers:
-                    kernel(inputs[layer.in_features], layer.weight)
-                timings.append(time.perf_counter() - start)
-            seconds[name].append(sorted(timings[1:])[len(timings[1:]) // 2])
+                    kernel(row_inputs[layer.in_features], layer.weight)
+                if repeat:
+                    timings[name][index].append(time.perf_counter() - start)
+    seconds = {name: [sorted(times)[len(times) // 2] for times in lines] for name, lines in timings.items()}
     return LinearKernelPlan.from_seconds(seconds, machine_description(model))
 
 
@@ -195,7 +199,13 @@ def tune_linear_kernels(
             plan.save(path)
         except OSError as error:
             warnings.warn(f"Could not cache the linear-kernel plan at {path} ({error}); using it without saving.")
+    follow_plan(model, plan)
+    return plan
+
+
+def follow_plan(model: nn.Module, plan: LinearKernelPlan) -> None:
+    """Make `model`'s linear layers follow `plan` (a drafter bound to a tuned target follows the target's: the same
+    BLAS behaves the same on the drafter's layers)."""
     for module in _linear_layers(model):
         module.__class__ = TunedLinear
         module.kernel_plan = plan
-    return plan
