@@ -36,8 +36,12 @@ MAX_VERIFY_SECONDS = 600.0  # a profiled forward slower than this is a corrupt p
 
 
 def machine_description(target) -> dict:
-    """What a latency profile depends on: the target's shape and precision, the device, threads and torch."""
+    """What a latency profile depends on: the target's shape and precision, the device, threads, torch, and the
+    linear-kernel plan its layers follow (`kernels.tune_linear_kernels`; "default": none)."""
+    from .kernels import installed_plan
+
     config = target.config.get_text_config()
+    plan = installed_plan(target)
     return {
         "target": getattr(config, "_name_or_path", "") or config.model_type,
         "model_type": config.model_type,
@@ -49,6 +53,7 @@ def machine_description(target) -> dict:
         "processor": platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "linear_kernels": plan.fingerprint() if plan is not None else "default",
     }
 
 
@@ -144,7 +149,9 @@ def profile_verify_cost(
     repeats: int = 5,
     progress: bool = True,
 ) -> VerifyCostModel:
-    """Time target forwards of `rows` × `tokens` new tokens over a `context`-token KV cache (median of `repeats`)."""
+    """Time target forwards of `rows` × `tokens` new tokens over a `context`-token KV cache (median of `repeats`).
+    The token counts of a row count take turns within each repeat, so a burst of load on a shared machine lands on
+    one repeat of each rather than on all repeats of one."""
     rows, tokens = sorted(set(rows)), sorted(set(tokens))
     for name, values in (("rows", rows), ("tokens", tokens)):
         problem = _counts_problem(name, values)
@@ -157,33 +164,43 @@ def profile_verify_cost(
     vocab = target.config.get_text_config().vocab_size
     generator = torch.Generator().manual_seed(0)
     seconds = []
-    bar = tqdm(total=len(rows) * len(tokens), desc="profiling verify cost", disable=not progress)
+    bar = tqdm(total=len(rows) * (repeats + 1), desc="profiling verify cost", disable=not progress)
     for batch in rows:
         prompt = torch.randint(vocab, (batch, context), generator=generator).to(target.device)
         cache = DynamicCache()
         target(input_ids=prompt, past_key_values=cache, use_cache=True)
-        line = []
-        for count in tokens:
-            new = torch.randint(vocab, (batch, count), generator=generator).to(target.device)
-            positions = torch.arange(context, context + count, device=target.device).expand(batch, -1)
-            timings = []
-            for _ in range(repeats + 1):  # the first run warms up
+        inputs = [
+            (
+                torch.randint(vocab, (batch, count), generator=generator).to(target.device),
+                torch.arange(context, context + count, device=target.device).expand(batch, -1),
+            )
+            for count in tokens
+        ]
+        timings = [[] for _ in tokens]
+        for repeat in range(repeats + 1):  # the first round warms up
+            for (new, positions), times in zip(inputs, timings):
                 start = time.perf_counter()
                 target(input_ids=new, position_ids=positions, past_key_values=cache, use_cache=True)
-                timings.append(time.perf_counter() - start)
-                cache.crop(-count)
-            line.append(sorted(timings[1:])[len(timings[1:]) // 2])
+                if repeat:
+                    times.append(time.perf_counter() - start)
+                cache.crop(-new.shape[1])
             bar.update()
-        seconds.append(line)
+        seconds.append([sorted(times)[len(times) // 2] for times in timings])
     bar.close()
     return VerifyCostModel(list(rows), list(tokens), seconds, context, machine_description(target))
 
 
-def cost_model_path(target) -> str:
-    """Where the profile of `target` on this machine is cached (`$ANGELSPEC_CACHE`, default ~/.cache/angelspec_hf)."""
+def cache_path(kind: str, target) -> str:
+    """Where a measurement of `kind` of `target` on this machine is cached (`$ANGELSPEC_CACHE`, default
+    ~/.cache/angelspec_hf), keyed by `machine_description`."""
     root = os.environ.get("ANGELSPEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "angelspec_hf")
     key = hashlib.sha1(json.dumps(machine_description(target), sort_keys=True).encode()).hexdigest()[:16]
-    return os.path.join(root, "verify_cost", f"{key}.json")
+    return os.path.join(root, kind, f"{key}.json")
+
+
+def cost_model_path(target) -> str:
+    """Where the verify-cost profile of `target` on this machine is cached."""
+    return cache_path("verify_cost", target)
 
 
 _LOADED: dict[str, VerifyCostModel] = {}

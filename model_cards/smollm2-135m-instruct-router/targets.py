@@ -60,12 +60,17 @@ def load_target_tokenizer(name_or_path: str = DEFAULT_TARGET) -> PreTrainedToken
 
 
 def load_target(
-    name_or_path: str = DEFAULT_TARGET, dtype: torch.dtype | str = torch.float32, device: str = "cpu"
+    name_or_path: str = DEFAULT_TARGET,
+    dtype: torch.dtype | str = torch.float32,
+    device: str = "cpu",
+    tune_kernels: bool = True,
 ) -> LoadedTarget:
     """Load a target causal LM (in `dtype`, e.g. `torch.bfloat16` or `"bfloat16"`, on `device`) and its tokenizer.
 
     `"smollm2"` loads the embedded SmolLM2-135M-Instruct GGUF; anything else goes to `from_pretrained` (a local
     folder, or a Hub id when the Hub is reachable). `"path/to/dir::file.gguf"` loads a GGUF file from a folder.
+    On a CPU its linear layers follow this machine's kernel plan (`tune_linear_kernels`: measured once, cached)
+    unless `tune_kernels` is False.
     """
     if isinstance(dtype, str):
         if not isinstance(getattr(torch, dtype, None), torch.dtype):
@@ -76,6 +81,10 @@ def load_target(
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **kwargs).to(device)
     model.eval().requires_grad_(False)
     model.config.name_or_path = name
+    if tune_kernels:
+        from .kernels import tune_linear_kernels
+
+        tune_linear_kernels(model)
     return LoadedTarget(model=model, tokenizer=tokenizer, name=name)
 
 

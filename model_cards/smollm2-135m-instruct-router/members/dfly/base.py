@@ -275,6 +275,7 @@ REMOTE_CODE_HELPERS = (
     "generation/engine.py",
     "generation/policies.py",
     "generation/dcut.py",
+    "generation/kernels.py",
 )
 
 
@@ -499,7 +500,15 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         return self
 
     def _borrow_target(self, target: PreTrainedModel, tokenizer=None) -> None:
-        """Share the target's embedding and lm_head, and keep its tokenizer (when given) to save beside the drafter."""
+        """Share the target's embedding and lm_head, keep its tokenizer (when given) to save beside the drafter, and
+        run the target's linear-kernel plan, if any (`generation.kernels`)."""
+        from .kernels import follow_plan, installed_plan, untune_linear_kernels
+
+        plan = installed_plan(target)
+        if plan is not None:
+            follow_plan(self, plan)
+        else:
+            untune_linear_kernels(self)
         self._target_embed_tokens = target.get_input_embeddings()
         self._target_lm_head = target.get_output_embeddings()
         if tokenizer is not None:

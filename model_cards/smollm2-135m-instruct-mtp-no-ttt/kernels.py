@@ -1,0 +1,211 @@
+"""Linear layers that run, for each row count, the matrix product this machine does fastest at that count.
+
+A verify forward of 1 + n tokens reads every weight of the target once, so on a CPU its cost should barely grow
+with n until the product turns compute-bound: that flat stretch is what speculative decoding spends. Not every BLAS
+delivers it. On this project's machine (AMD EPYC, PyTorch's MKL build) `F.linear`, y = x Wᵀ, costs per forward of
+SmolLM2-135M about 51 ms of products for one row, 63 for two and 79 for three, while the same products taken as
+(W xᵀ)ᵀ cost 17 ms for two rows and 26 for four: a different GEMM shape that streams each weight once.
+`tune_linear_kernels(model)` times both orientations over all of a model's linear layers at every row count up
+to `max_rows` (a sweep over every layer, so the weights come from memory as in a forward), lets a row count borrow
+a larger one's kernel by padding with zero rows where that is faster, and makes each `nn.Linear` follow the plan.
+The plan is cached per machine beside the verify-cost profile, whose key names the plan (D-cut's profile is of the
+tuned model). Outputs equal `F.linear`'s up to float rounding (another summation order), like any change of batch
+shape; autograd and row counts beyond `max_rows` take `F.linear` unchanged.
+Written by hand: no library chooses a GEMM orientation by row count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _weight_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """y = x Wᵀ (PyTorch's own `F.linear`)."""
+    return F.linear(x, weight)
+
+
+def _weight_columns(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """y = (W xᵀ)ᵀ: the same product as a tall-skinny GEMM over W's rows."""
+    return torch.mm(weight, x.t()).t()
+
+
+KERNELS = {"x_wt": _weight_rows, "w_xt": _weight_columns}
+DEFAULT_KERNEL = "x_wt"
+MAX_ROWS = 16  # row counts tuned: a verify of up to 16 tokens, or that many single-token rows
+MARGIN = 0.05  # a kernel replaces the default only when a sweep with it is at least this much faster
+
+
+@dataclass
+class LinearKernelPlan:
+    """Per row count, the kernel (a `KERNELS` name) and the row count it runs at (padded with zero rows); the
+    seconds of one sweep over the model's linear layers per kernel and row count (1 … `max_rows`) it was chosen
+    from; and the machine (`machine_description`) it was measured on."""
+
+    max_rows: int
+    seconds: dict[str, list[float]]
+    machine: dict
+    choices: dict[int, tuple[str, int]]
+
+    @classmethod
+    def from_seconds(cls, seconds: dict[str, list[float]], machine: dict) -> "LinearKernelPlan":
+        """Each row count takes the fastest (kernel, rows ≥ it) of the sweep, unless that is within `MARGIN` of the
+        default kernel at its own rows; only row counts that leave the default are kept."""
+        max_rows = len(seconds[DEFAULT_KERNEL])
+        choices = {}
+        for rows in range(1, max_rows + 1):
+            options = [
+                (seconds[name][padded - 1], name, padded) for name in seconds for padded in range(rows, max_rows + 1)
+            ]
+            best, name, padded = min(options)
+            if best < (1 - MARGIN) * seconds[DEFAULT_KERNEL][rows - 1]:
+                choices[rows] = (name, padded)
+        return cls(max_rows, seconds, machine, choices)
+
+    def fingerprint(self) -> str:
+        """A short hash of the choices (what a forward's cost depends on)."""
+        text = json.dumps(sorted(self.choices.items()))
+        return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+    def save(self, path: str) -> None:
+        """Write atomically (a temporary file renamed over `path`), so a reader never sees half a plan."""
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
+        with os.fdopen(handle, "w") as file:
+            json.dump({**asdict(self), "choices": sorted(self.choices.items())}, file)
+        os.replace(temporary, path)
+
+    @classmethod
+    def load(cls, path: str) -> "LinearKernelPlan":
+        with open(path) as file:
+            data = json.load(file)
+        choices = {int(rows): (str(name), int(padded)) for rows, (name, padded) in data["choices"]}
+        for rows, (name, padded) in choices.items():
+            if name not in KERNELS or not rows <= padded <= int(data["max_rows"]):
+                raise ValueError(f"invalid choice for {rows} rows: {name!r} at {padded} rows")
+        return cls(int(data["max_rows"]), data["seconds"], data["machine"], choices)
+
+
+class TunedLinear(nn.Linear):
+    """An `nn.Linear` whose inference forward runs its plan's kernel for its input's row count (module docstring).
+    `tune_linear_kernels` turns a model's `nn.Linear` modules into these in place (parameters untouched)."""
+
+    kernel_plan: LinearKernelPlan
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        rows = input.numel() // self.in_features if self.in_features else 0
+        choice = self.kernel_plan.choices.get(rows)
+        if choice is None or (torch.is_grad_enabled() and (input.requires_grad or self.weight.requires_grad)):
+            return super().forward(input)
+        name, padded = choice
+        flat = input.reshape(rows, self.in_features)
+        if padded > rows:
+            flat = F.pad(flat, (0, 0, 0, padded - rows))
+        output = KERNELS[name](flat, self.weight)[:rows].contiguous()
+        if self.bias is not None:
+            output = output + self.bias
+        return output.reshape(*input.shape[:-1], self.out_features)
+
+
+def _linear_layers(model: nn.Module) -> list[nn.Linear]:
+    return [module for module in model.modules() if type(module) in (nn.Linear, TunedLinear)]
+
+
+def installed_plan(model: nn.Module) -> LinearKernelPlan | None:
+    """The plan `model`'s linear layers follow, or None."""
+    return next((m.kernel_plan for m in model.modules() if isinstance(m, TunedLinear)), None)
+
+
+def untune_linear_kernels(model: nn.Module) -> None:
+    """Back to plain `nn.Linear` everywhere."""
+    for module in _linear_layers(model):
+        if isinstance(module, TunedLinear):
+            module.__class__ = nn.Linear
+            del module.kernel_plan
+
+
+@torch.no_grad()
+def measure_linear_kernels(model: nn.Module, max_rows: int = MAX_ROWS, repeats: int = 7) -> LinearKernelPlan:
+    """Time one sweep over all of `model`'s linear layers with each kernel at each row count 1 … `max_rows`
+    (median of `repeats`, after one warm-up round; every kernel and row count takes its turn within each round, so
+    a burst of load on a shared machine lands on one repeat of each) and choose the plan
+    (`LinearKernelPlan.from_seconds`)."""
+    from .dcut import machine_description
+
+    if not isinstance(max_rows, int) or max_rows < 1 or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"max_rows and repeats must be positive integers, got {max_rows!r} and {repeats!r}")
+    layers = _linear_layers(model)
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no nn.Linear layers to tune")
+    weight = layers[0].weight
+    generator = torch.Generator().manual_seed(0)
+    inputs = [
+        {
+            features: torch.randn(rows, features, generator=generator).to(weight.device, weight.dtype)
+            for features in {layer.in_features for layer in layers}
+        }
+        for rows in range(1, max_rows + 1)
+    ]
+    timings = {name: [[] for _ in inputs] for name in KERNELS}
+    for repeat in range(repeats + 1):
+        for index, row_inputs in enumerate(inputs):
+            for name, kernel in KERNELS.items():
+                start = time.perf_counter()
+                for layer in layers:
+                    kernel(row_inputs[layer.in_features], layer.weight)
+                if repeat:
+                    timings[name][index].append(time.perf_counter() - start)
+    seconds = {name: [sorted(times)[len(times) // 2] for times in lines] for name, lines in timings.items()}
+    return LinearKernelPlan.from_seconds(seconds, machine_description(model))
+
+
+def kernel_plan_path(model: nn.Module) -> str:
+    """Where the plan of `model` on this machine is cached (beside the verify-cost profile)."""
+    from .dcut import cache_path
+
+    return cache_path("linear_kernels", model)
+
+
+def tune_linear_kernels(
+    model: nn.Module, path: str | None = None, measure: bool = False, max_rows: int = MAX_ROWS
+) -> LinearKernelPlan | None:
+    """Make `model`'s linear layers follow this machine's plan: the cached one, or one measured now (about ten
+    seconds for a 135M model; cached) when none is cached, it is unreadable, or `measure` asks for a new one.
+    CPU models only (GPU BLAS libraries choose their kernels by shape themselves): elsewhere nothing changes and
+    None is returned."""
+    parameter = next(model.parameters(), None)
+    if parameter is None or parameter.device.type != "cpu":
+        return None
+    untune_linear_kernels(model)  # the plan's key and measurement are of the plain model
+    path = path or kernel_plan_path(model)
+    plan = None
+    if os.path.exists(path) and not measure:
+        try:
+            plan = LinearKernelPlan.load(path)
+        except (OSError, ValueError, TypeError, KeyError) as error:
+            warnings.warn(f"Linear-kernel plan {path} is unreadable ({error}); measuring this machine again.")
+    if plan is None or plan.max_rows != max_rows:
+        plan = measure_linear_kernels(model, max_rows=max_rows)
+        try:
+            plan.save(path)
+        except OSError as error:
+            warnings.warn(f"Could not cache the linear-kernel plan at {path} ({error}); using it without saving.")
+    follow_plan(model, plan)
+    return plan
+
+
+def follow_plan(model: nn.Module, plan: LinearKernelPlan) -> None:
+    """Make `model`'s linear layers follow `plan` (a drafter bound to a tuned target follows the target's: the same
+    BLAS behaves the same on the drafter's layers)."""
+    for module in _linear_layers(model):
+        module.__class__ = TunedLinear
+        module.kernel_plan = plan
