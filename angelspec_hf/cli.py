@@ -132,9 +132,11 @@ def _suite(args: argparse.Namespace) -> None:
 def _profile(args: argparse.Namespace) -> None:
     from .generation.dcut import cost_model_path, profile_verify_cost
     from .generation.kernels import tune_linear_kernels
+    from .targets import load_target
 
-    target = load_target_from_args(args)
-    if args.linear_kernels == "tuned":  # the kernel plan first: the verify cost is the tuned model's
+    # loaded plain, then the kernel plan measured once (first: the verify cost is the tuned model's)
+    target = load_target(args.target, dtype=args.dtype, device=args.device, tune_kernels=False)
+    if args.linear_kernels == "tuned":
         plan = tune_linear_kernels(target.model, measure=True)
         if plan is not None:
             print(

@@ -74,11 +74,7 @@ class VerifyCostModel:
 
     def save(self, path: str) -> None:
         """Write atomically: a reader never sees a half-written profile."""
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
-        with os.fdopen(handle, "w") as stream:
-            json.dump(asdict(self), stream, indent=1)
-        os.replace(temporary, path)
+        write_json_atomically(path, asdict(self))
 
     @classmethod
     def load(cls, path: str) -> "VerifyCostModel":
@@ -198,6 +194,36 @@ def cache_path(kind: str, target) -> str:
     return os.path.join(root, kind, f"{key}.json")
 
 
+def write_json_atomically(path: str, data) -> None:
+    """Write `data` as JSON through a temporary file renamed over `path`: a reader never sees half a file."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
+    with os.fdopen(handle, "w") as stream:
+        json.dump(data, stream, indent=1)
+    os.replace(temporary, path)
+
+
+def read_cached(path: str, load: Callable, what: str):
+    """`load(path)` of a cached measurement; None when nothing is cached there, or, with a warning, when what is
+    there is unreadable or invalid (then it is measured again)."""
+    if not os.path.exists(path):
+        return None
+    try:
+        return load(path)
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        warnings.warn(f"{what} {path} is unreadable ({error}); measuring this machine again.")
+        return None
+
+
+def keep_cached(path: str, measurement, what: str) -> None:
+    """`measurement.save(path)`; a cache folder that cannot be written is warned about, and the measurement is
+    used without saving it."""
+    try:
+        measurement.save(path)
+    except OSError as error:
+        warnings.warn(f"Could not cache the {what} at {path} ({error}); using it without saving.")
+
+
 def cost_model_path(target) -> str:
     """Where the verify-cost profile of `target` on this machine is cached."""
     return cache_path("verify_cost", target)
@@ -213,18 +239,10 @@ def load_cost_model(target, path: str | None = None, rows: Sequence[int] = (1,))
     path = path or cost_model_path(target)
     if path in _LOADED and set(rows) <= set(_LOADED[path].rows):
         return _LOADED[path]
-    model = None
-    if os.path.exists(path):
-        try:
-            model = VerifyCostModel.load(path)
-        except (OSError, ValueError, TypeError, KeyError) as error:
-            warnings.warn(f"Verify-cost profile {path} is unreadable ({error}); profiling this machine again.")
+    model = read_cached(path, VerifyCostModel.load, "Verify-cost profile")
     if model is None or not set(rows) <= set(model.rows):
         model = profile_verify_cost(target, rows=sorted(set(rows) | set(model.rows if model else ())))
-        try:
-            model.save(path)
-        except OSError as error:
-            warnings.warn(f"Could not cache the verify-cost profile at {path} ({error}); using it without saving.")
+        keep_cached(path, model, "verify-cost profile")
     _LOADED[path] = model
     return model
 

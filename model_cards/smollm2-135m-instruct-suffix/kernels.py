@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import time
-import warnings
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .dcut import cache_path, keep_cached, machine_description, read_cached, write_json_atomically
 
 
 def _weight_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -77,12 +76,8 @@ class LinearKernelPlan:
         return hashlib.sha1(text.encode()).hexdigest()[:12]
 
     def save(self, path: str) -> None:
-        """Write atomically (a temporary file renamed over `path`), so a reader never sees half a plan."""
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
-        with os.fdopen(handle, "w") as file:
-            json.dump({**asdict(self), "choices": sorted(self.choices.items())}, file)
-        os.replace(temporary, path)
+        """Write atomically (`write_json_atomically`), as the verify-cost profile is written."""
+        write_json_atomically(path, {**asdict(self), "choices": sorted(self.choices.items())})
 
     @classmethod
     def load(cls, path: str) -> "LinearKernelPlan":
@@ -139,8 +134,6 @@ def measure_linear_kernels(model: nn.Module, max_rows: int = MAX_ROWS, repeats: 
     (median of `repeats`, after one warm-up round; every kernel and row count takes its turn within each round, so
     a burst of load on a shared machine lands on one repeat of each) and choose the plan
     (`LinearKernelPlan.from_seconds`)."""
-    from .dcut import machine_description
-
     if not isinstance(max_rows, int) or max_rows < 1 or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"max_rows and repeats must be positive integers, got {max_rows!r} and {repeats!r}")
     layers = _linear_layers(model)
@@ -170,8 +163,6 @@ def measure_linear_kernels(model: nn.Module, max_rows: int = MAX_ROWS, repeats: 
 
 def kernel_plan_path(model: nn.Module) -> str:
     """Where the plan of `model` on this machine is cached (beside the verify-cost profile)."""
-    from .dcut import cache_path
-
     return cache_path("linear_kernels", model)
 
 
@@ -187,18 +178,10 @@ def tune_linear_kernels(
         return None
     untune_linear_kernels(model)  # the plan's key and measurement are of the plain model
     path = path or kernel_plan_path(model)
-    plan = None
-    if os.path.exists(path) and not measure:
-        try:
-            plan = LinearKernelPlan.load(path)
-        except (OSError, ValueError, TypeError, KeyError) as error:
-            warnings.warn(f"Linear-kernel plan {path} is unreadable ({error}); measuring this machine again.")
+    plan = None if measure else read_cached(path, LinearKernelPlan.load, "Linear-kernel plan")
     if plan is None or plan.max_rows != max_rows:
         plan = measure_linear_kernels(model, max_rows=max_rows)
-        try:
-            plan.save(path)
-        except OSError as error:
-            warnings.warn(f"Could not cache the linear-kernel plan at {path} ({error}); using it without saving.")
+        keep_cached(path, plan, "linear-kernel plan")
     follow_plan(model, plan)
     return plan
 
