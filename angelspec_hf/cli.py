@@ -246,13 +246,16 @@ def _estimate(args: argparse.Namespace) -> None:
 
 
 def _curve(args: argparse.Namespace) -> None:
-    from .training.curves import curve_table, plot_training_curves, training_curve
+    from .training.curves import curve_table, plot_training_curves, training_curve, trend_table
 
     labels = args.labels.split(",") if args.labels else [os.path.basename(os.path.normpath(run)) for run in args.runs]
     if len(labels) != len(args.runs):
         raise UsageError(f"--labels names {len(labels)} runs, {len(args.runs)} were given")
     curves = {label: training_curve(run) for label, run in zip(labels, args.runs)}
     print(curve_table(curves))
+    if args.target_tau is not None:
+        print("\nTrends (τ against the logarithm of CPU-hours and of tokens, over each run's later half):")
+        print(trend_table(curves, args.target_tau))
     if args.output:
         print(f"-> {plot_training_curves(curves, args.output, target_tau=args.target_tau)}")
 
@@ -420,9 +423,16 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(func=_export)
 
     curve = add_command("curve", help="offline τ of training runs against CPU-hours and tokens: table and plot")
-    curve.add_argument("runs", nargs="+", help="training output folders (their trainer_state.json)")
+    curve.add_argument(
+        "runs", nargs="+", help="training output folders (their trainer_state.json), or trainer state files"
+    )
     curve.add_argument("--labels", default=None, help="comma-separated, one per run (default: the folder names)")
-    curve.add_argument("--target-tau", type=float, default=None, help="draw this τ as a line")
+    curve.add_argument(
+        "--target-tau",
+        type=float,
+        default=None,
+        help="draw this τ as a line, and print the CPU-hours and tokens at which each run's trend reaches it",
+    )
     curve.add_argument("--output", default=None, help="PNG of the curves")
     curve.set_defaults(func=_curve)
 
@@ -482,8 +492,9 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise UsageError(f"--data-dir {data_dir}: no such folder")
     if args.command == "suite" and not os.path.isdir(args.drafters_dir):
         raise UsageError(f"--drafters-dir {args.drafters_dir}: no such folder")
-    if args.command == "curve" and not all(os.path.isdir(run) for run in args.runs):
-        raise UsageError(f"{[run for run in args.runs if not os.path.isdir(run)]}: no such training output folder")
+    if args.command == "curve" and not all(os.path.exists(run) for run in args.runs):
+        missing = [run for run in args.runs if not os.path.exists(run)]
+        raise UsageError(f"{missing}: no such training output folder or trainer state file")
     if args.command == "estimate" and not all(os.path.isfile(path) for path in args.responses.split(",")):
         raise UsageError(f"--responses {args.responses}: no such file (make one with `angelspec regenerate`)")
     if args.command == "teacher-forced":

@@ -384,3 +384,32 @@ def test_a_try_waits_until_reading_the_backlog_costs_a_small_share_of_the_reques
     assert not router.needs_try(row, 0)
     row.read = row.prompt + 2
     assert router.needs_try(row, 0)
+
+
+def test_two_unlucky_rounds_do_not_sink_a_member_that_pays_below_decoding_without_drafts():
+    """A request's record is the mean of its rounds with the member's record over requests as a prior of a few
+    rounds, so a member that earns on average stays chosen after a short run of rejections (a running average with
+    weight 0.3 dropped it below decoding without drafts, after which it never drafted again)."""
+    target = make_target("llama", num_hidden_layers=2)
+    router = make_router(target)
+    # drafting pays from 0.3 tokens accepted per round: (1 + a) / (0.1 + 1.2) > 1 / 1.0
+    router.verify_cost_model = VerifyCostModel(rows=[1], tokens=[1, 2], seconds=[[1.0, 1.2]], context=0)
+    router.member_seconds = [0.1, 0.2, 0.0]
+    state = router.new_draft_state(2)
+    plain = router._rate(0.0, {0: 1.0}, 0.0)
+    for verified, accepted in [(1, 1), (1, 0), (1, 1), (1, 1), (1, 0), (1, 1), (1, 1), (1, 0)] * 3:
+        state.rows[0].last_member, state.rows[0].last_bucket = 0, None
+        router.record_acceptance(state, [verified, 0], [accepted, 0])
+    assert router.member_accepted[0] == pytest.approx(0.6, abs=0.1)
+    row = state.rows[0]
+    assert router.score(row, 0) > plain
+    for _ in range(2):  # two rejections in a row
+        row.last_member, row.last_bucket = 0, None
+        router.record_acceptance(state, [1, 0], [0, 0])
+    assert router.score(row, 0) > plain
+    fresh = state.rows[1]  # a request the member never drafted goes by the member's record over requests
+    assert fresh.members[0].accepted is None and router.score(fresh, 0) > plain
+    for _ in range(30):  # but a member that keeps losing on a request is dropped there
+        row.last_member, row.last_bucket = 0, None
+        router.record_acceptance(state, [1, 0], [0, 0])
+    assert router.score(row, 0) < plain

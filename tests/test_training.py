@@ -464,6 +464,38 @@ def test_training_curve_reads_the_newest_state_and_plots(tmp_path):
         cli_main(["curve", str(tmp_path / "missing")])
 
 
+def test_a_curves_log_trend_says_what_compute_a_target_needs(tmp_path, capsys):
+    """τ = 1 + 0.1 ln(CPU-hours) after a fast warm-up: the fit over the later half recovers the trend and the
+    CPU-hours at which it reaches τ 1.5 (e^5); a flat curve never does. A copied trainer state reads as a run."""
+    import math
+
+    from angelspec_hf.cli import main as cli_main
+    from angelspec_hf.training.curves import CurvePoint, fit_log_trend, training_curve
+
+    hours = [0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 3.0, 4.0]
+    warm_up = {0.05: 0.3, 0.1: 0.2}  # far below the trend: a fit over every point would be steeper
+    rising = [CurvePoint(i, h, int(h * 1e6), 1 + 0.1 * math.log(h) - warm_up.get(h, 0.0)) for i, h in enumerate(hours)]
+    trend = fit_log_trend(rising)
+    assert trend.fitted == 4 and trend.slope == pytest.approx(0.1) and trend.intercept == pytest.approx(1.0)
+    assert trend.reaches(1.5) == pytest.approx(math.exp(5))
+    assert fit_log_trend(rising, "tokens").reaches(1.5) == pytest.approx(math.exp(5) * 1e6)
+    flat = [CurvePoint(i, h, None, 1.3 - 0.01 * i) for i, h in enumerate(hours)]
+    assert fit_log_trend(flat).reaches(1.5) is None and fit_log_trend(flat, "tokens") is None
+    assert fit_log_trend(rising[:2]) is None
+
+    history = [
+        entry
+        for p in rising
+        for entry in ({"step": p.step, "cpu_hours": p.cpu_hours}, {"step": p.step, "eval_tau": p.tau})
+    ]
+    path = tmp_path / "mtp.trainer_state.json"
+    path.write_text(json.dumps({"global_step": 7, "log_history": history}))
+    assert [p.tau for p in training_curve(str(path))] == [p.tau for p in rising]
+    cli_main(["curve", str(path), "--labels", "mtp", "--target-tau", "1.5"])
+    row = capsys.readouterr().out.strip().splitlines()[-1]
+    assert row.startswith("| mtp |") and f"{math.exp(5):.3g}" in row and row.endswith("| – |")  # no tokens logged
+
+
 def test_sigterm_stops_training_at_the_step_with_a_checkpoint(chat_target, smollm2_tokenizer, responses, tmp_path):
     import signal
 

@@ -9,6 +9,7 @@ checkpoint.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 
@@ -24,11 +25,15 @@ class CurvePoint:
 
 
 def training_curve(run_dir: str) -> list[CurvePoint]:
-    """Every evaluation of the run in `run_dir` (its newest trainer state), with the compute and tokens spent by then."""
-    candidates = [os.path.join(run_dir, "trainer_state.json")]
-    checkpoint = last_complete_checkpoint(run_dir)
-    if checkpoint:
-        candidates.append(os.path.join(checkpoint, "trainer_state.json"))
+    """Every evaluation of the run in `run_dir` (its newest trainer state), with the compute and tokens spent by
+    then; `run_dir` may also be a trainer state file itself."""
+    if os.path.isfile(run_dir):
+        candidates = [run_dir]
+    else:
+        candidates = [os.path.join(run_dir, "trainer_state.json")]
+        checkpoint = last_complete_checkpoint(run_dir)
+        if checkpoint:
+            candidates.append(os.path.join(checkpoint, "trainer_state.json"))
     states = []
     for path in candidates:
         if os.path.exists(path):
@@ -84,3 +89,69 @@ def curve_table(curves: dict[str, list[CurvePoint]]) -> str:
             tokens = "–" if p.tokens is None else f"{p.tokens / 1e6:.2f} M"
             lines.append(f"| {label} | {p.step} | {hours} | {tokens} | {p.tau:.3f} |")
     return "\n".join(lines)
+
+
+@dataclass
+class LogTrend:
+    """τ ≈ intercept + slope · ln x (x: CPU-hours or training tokens), least squares over the `fitted` points from
+    `start` on."""
+
+    intercept: float
+    slope: float
+    fitted: int
+    start: float
+
+    def at(self, x: float) -> float:
+        return self.intercept + self.slope * math.log(x)
+
+    def reaches(self, tau: float) -> float | None:
+        """The x at which the trend reaches `tau`; None where it never does (a flat or falling trend)."""
+        if self.slope <= 0:
+            return None
+        return math.exp((tau - self.intercept) / self.slope)
+
+
+def fit_log_trend(points: list[CurvePoint], axis: str = "cpu_hours", tail: float = 0.5) -> LogTrend | None:
+    """Fit τ against ln(`axis`) over the last `tail` share of the evaluations (at least three): the run's recent
+    trend, not its warm-up, whose fast rise would promise too much. Logarithmic, as drafter curves flatten with
+    compute; a saturating curve is flatter still, so the extrapolation is the optimistic one. None with fewer than
+    three usable points."""
+    usable = [p for p in points if getattr(p, axis) is not None and getattr(p, axis) > 0]
+    recent = usable[-max(3, math.ceil(tail * len(usable))) :]
+    if len(recent) < 3:
+        return None
+    xs = [math.log(getattr(p, axis)) for p in recent]
+    ys = [p.tau for p in recent]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread if spread else 0.0
+    return LogTrend(mean_y - slope * mean_x, slope, len(recent), getattr(recent[0], axis))
+
+
+def trend_table(curves: dict[str, list[CurvePoint]], target_tau: float) -> str:
+    """Per run, its best τ, the fitted gain per doubling of compute, and the CPU-hours and training tokens at which
+    the fitted trends reach `target_tau` (Markdown)."""
+    lines = [
+        f"| run | best τ | at CPU-hours | τ gain per doubling of CPU-hours | CPU-hours to τ {target_tau:g} "
+        f"| training tokens to τ {target_tau:g} |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for label, points in curves.items():
+        best = max(points, key=lambda p: p.tau)
+        by_hours, by_tokens = fit_log_trend(points, "cpu_hours"), fit_log_trend(points, "tokens")
+        gain = "–" if by_hours is None else f"{by_hours.slope * math.log(2):+.3f}"
+        lines.append(
+            f"| {label} | {best.tau:.3f} | {'–' if best.cpu_hours is None else f'{best.cpu_hours:.2f}'} | {gain} "
+            f"| {_reaches(by_hours, target_tau)} | {_reaches(by_tokens, target_tau)} |"
+        )
+    return "\n".join(lines)
+
+
+def _reaches(trend: LogTrend | None, tau: float) -> str:
+    """Where a trend reaches τ, for a table: – without a trend (too few points logged)."""
+    if trend is None:
+        return "–"
+    value = trend.reaches(tau)
+    if value is None:
+        return "never (flat trend)"
+    return f"{value:.3g}" if value < 1e6 else f"{value:.2e}"

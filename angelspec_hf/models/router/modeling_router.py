@@ -7,8 +7,8 @@ promises it the most tokens per second,
     score(r, m) = (1 + a_rm) / (t_m + E[t_v(R, 1 + n_rm)]),
 
 a_rm being the tokens request r accepted per round when member m last drafted it and n_rm the drafts it had
-verified, whose law the router keeps (averaged; a member new to the request starts from its average over
-requests), t_m the member's drafting time plus its catch-up on request r, and t_v the profiled verify cost of the
+verified, whose law the router keeps (the mean of the request's rounds with the member, then a running average;
+its prior is the member's record over requests, counted as a few rounds), t_m the member's drafting time plus its catch-up on request r, and t_v the profiled verify cost of the
 batch of R requests. The expectation is over the recorded law of n, not t_v at its mean: a cut verifies none on
 some rounds and many on others, and t_v is neither linear nor, on some machines, monotone. A member not chosen
 does not run: the verified tokens wait for it and it reads them all when next chosen, so its catch-up (its measured
@@ -65,8 +65,15 @@ PRIOR_ACCEPTED = 1.0  # tokens per round a member is credited with before its fi
 PRIOR_VERIFIED = {1: 1.0}  # and the law of its drafts verified per round: one
 NO_DRAFTS = {0: 1.0}  # the law of drafts verified per round when nothing is drafted
 UNTRIED_GAIN = 0.5  # the saving promised for a round that tries a member never tried before
-AVERAGE = 0.3  # weight of the newest round in the router's running averages (of a request, of a member)
-BUCKET_AVERAGE = 0.05  # and at least in an outlook bucket's record, pooled over requests: the mean of its first 20
+AVERAGE = 0.3  # weight of the newest round in the running averages of a member's drafting and reading times
+# Acceptance records are means over their first rounds, then running averages with at least this weight on the newest
+# round: a request's (its prior, the member's record over requests, counted as REQUEST_PRIOR_ROUNDS rounds), and a
+# member's or an outlook bucket's, pooled over requests (the prior counted as one round). A short running average
+# (weight 0.3 before) let two unlucky rounds sink a member's estimate below decoding without drafts, after which it
+# never drafted again and the estimate never recovered.
+REQUEST_AVERAGE = 0.1
+REQUEST_PRIOR_ROUNDS = 4
+BUCKET_AVERAGE = 0.05
 MAX_TRY_BACKOFF = 32  # most new requests a member that keeps losing its tries sits out between two tries
 TRY_SHARE = 0.05  # most of a request's decoding time so far that a try's catch-up (reading its backlog) may cost
 
@@ -97,6 +104,7 @@ class MemberRow:
     hidden: list[tuple[torch.Tensor, ...]] = field(default_factory=list)  # per verify round, per member tap
     accepted: float | None = None  # a_rm
     verified: dict[int, float] | None = None  # the law of n_rm
+    rounds: int = 0  # rounds the member drafted this request
     since: int = 0  # this request's verified tokens since the member last drafted it (read at propose time)
     tries: bool = True  # whether the member is tried on this request (its backoff across requests allows it)
     explore_every: int | None = None  # this request's re-try interval (explore_tokens, doubled by each lost try)
@@ -177,6 +185,7 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         self.member_read_seconds: list[float | None] = [None] * len(members)  # per token read beyond a usual round
         self.member_accepted: list[float | None] = [None] * len(members)  # a_m over requests
         self.member_verified: list[dict[int, float] | None] = [None] * len(members)
+        self.member_rounds = [0] * len(members)  # rounds averaged into a_m
         # For members with an outlook: (accepted, law of verified) per round, by outlook bucket.
         self.bucket_record: list[dict[int, tuple[float, dict[int, float]]]] = [{} for _ in members]
         self.bucket_rounds: list[dict[int, int]] = [{} for _ in members]  # rounds averaged into each record
@@ -494,10 +503,14 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
                 )
             own = row.members[m]
             # a request's first round with a member starts from the member's record; the member's, from PRIOR
-            own.accepted = _average(own.accepted, count, self.member_accepted[m])
-            own.verified = _average_law(own.verified, verified, self.member_verified[m])
-            self.member_accepted[m] = _average(self.member_accepted[m], count, PRIOR_ACCEPTED)
-            self.member_verified[m] = _average_law(self.member_verified[m], verified, PRIOR_VERIFIED)
+            own.rounds += 1
+            weight = max(REQUEST_AVERAGE, 1 / (own.rounds + REQUEST_PRIOR_ROUNDS))
+            own.accepted = _average(own.accepted, count, self.member_accepted[m], weight)
+            own.verified = _average_law(own.verified, verified, self.member_verified[m], weight)
+            self.member_rounds[m] += 1
+            weight = max(BUCKET_AVERAGE, 1 / (self.member_rounds[m] + 1))
+            self.member_accepted[m] = _average(self.member_accepted[m], count, PRIOR_ACCEPTED, weight)
+            self.member_verified[m] = _average_law(self.member_verified[m], verified, PRIOR_VERIFIED, weight)
             if row.last_try:
                 row.last_try = False
                 self._judge_try(state, r, m, verified, count)
