@@ -227,3 +227,26 @@ def test_profiling_refuses_empty_or_zero_sizes_before_measuring():
     for rows, tokens, repeats in [([0], [1], 1), ([1], [0], 1), ([], [1], 1), ([1], [1], 0)]:
         with pytest.raises(ValueError, match="rows|tokens|repeats"):
             dcut.profile_verify_cost(target, rows=rows, tokens=tokens, repeats=repeats, progress=False)
+
+
+def test_the_early_exit_weighs_no_steps_beyond_what_the_drafter_of_the_rows_can_take():
+    """A router member drafts at most its own tokens per round, fewer than the router's round allows; D-cut's early
+    exit must not keep it drafting for steps it can never take (a suffix member kept drafting a third more steps)."""
+    from angelspec_hf.generation.dcut import ConfidenceCalibrator, DraftRound
+
+    drafting = DraftRound(torch.ones(1), sampled=[False])
+    for _ in range(2):
+        drafting(torch.tensor([[0.0, 4.0, 0.0]]))  # confident steps
+    calibrator = ConfidenceCalibrator()
+
+    def widening_costs_little(rows, width):
+        return 1.0 + 0.01 * width
+
+    assert drafting.worth_continuing(calibrator, widening_costs_little, 15, 0.001)
+    drafting.max_steps = 2  # the member's cap, reached
+    assert not drafting.worth_continuing(calibrator, widening_costs_little, 15, 0.001)
+    drafting.max_steps = 3
+    assert drafting.worth_continuing(calibrator, widening_costs_little, 15, 0.001)
+    share = drafting.rows([0])
+    share.max_steps = 0
+    assert not share.worth_continuing(calibrator, widening_costs_little, 15, 0.001)

@@ -318,6 +318,7 @@ def test_the_suffix_member_reads_the_backlog_before_the_router_weighs_it():
     assert drafting.sources.tolist() == [2]  # D-cut reads the suffix member's calibration for this row
     assert state.members[2].rows[0].tokens == text + [10]  # the read-ahead is not read again
     assert ids[0].tolist() == [11, 12, 7]
+    assert drafting.max_steps == 3  # D-cut's early exit weighs the suffix member's steps only
     assert len(state.rows[0].members[0].tokens) == len(text) + 1  # MTP still has everything to read
     router.promised_gain(state, [[11, 12]])  # two more verified: read ahead, and never matched as if twice
     assert router.outlooks(state, 0, [11, 12])[2] == int(6).bit_length()  # "7 8 9 10 11 12" seen before

@@ -329,6 +329,7 @@ class _DraftSteps:
 
     start: float
     finished_at: list[float]
+    max_steps: int | None = None  # the most steps the drafter of these rows takes, when below the round's (a member's)
 
     def confidence(self) -> torch.Tensor:
         raise NotImplementedError
@@ -348,10 +349,12 @@ class _DraftSteps:
         raise NotImplementedError
 
     def worth_continuing(self, calibrator, verify_seconds, max_draft: int, step_seconds: float) -> bool:
-        """D-cut's early exit after a step (`worth_drafting_further` on the calibrated confidences so far)."""
+        """D-cut's early exit after a step (`worth_drafting_further` on the calibrated confidences so far), weighing
+        no more further steps than the drafter of these rows can take."""
         confidences = list(calibrator(self.confidence(), self.row_sources()))
+        most = max_draft if self.max_steps is None else min(max_draft, self.max_steps)
         return worth_drafting_further(
-            confidences, verify_seconds, max_draft, time.perf_counter() - self.start, step_seconds
+            confidences, verify_seconds, most, time.perf_counter() - self.start, step_seconds
         )
 
 

@@ -593,12 +593,15 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             raise TypeError("A router drafting requests apart needs a DraftRound as `choose` (draft_round passes one)")
         picker = choose if whole else choose.rows(rows)
         most = [num_tokens, int(member.generation_config.num_assistant_tokens), member.max_num_draft_tokens()]
+        steps = min(value for value in most if value is not None)  # each member at most its own tokens per round
+        if steps:  # and D-cut's early exit weighs no steps beyond them
+            picker.max_steps = steps
         start = time.perf_counter()
         ids, logits = member.propose(
             part,
             hidden,
             tokens,
-            min(value for value in most if value is not None),  # each member at most its own tokens per round
+            steps,
             picker,
             keep_drafting=keep_drafting if whole else picker.keep_drafting,
             new_lengths=lengths,
