@@ -93,16 +93,11 @@ def curve_table(curves: dict[str, list[CurvePoint]]) -> str:
 
 @dataclass
 class LogTrend:
-    """τ ≈ intercept + slope · ln x (x: CPU-hours or training tokens), least squares over the `fitted` points from
-    `start` on."""
+    """τ ≈ intercept + slope · ln x (x: CPU-hours or training tokens), least squares over the last `fitted` points."""
 
     intercept: float
     slope: float
     fitted: int
-    start: float
-
-    def at(self, x: float) -> float:
-        return self.intercept + self.slope * math.log(x)
 
     def reaches(self, tau: float) -> float | None:
         """The x at which the trend reaches `tau`; None where it never does (a flat or falling trend)."""
@@ -125,7 +120,7 @@ def fit_log_trend(points: list[CurvePoint], axis: str = "cpu_hours", tail: float
     mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
     spread = sum((x - mean_x) ** 2 for x in xs)
     slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread if spread else 0.0
-    return LogTrend(mean_y - slope * mean_x, slope, len(recent), getattr(recent[0], axis))
+    return LogTrend(mean_y - slope * mean_x, slope, len(recent))
 
 
 def trend_table(curves: dict[str, list[CurvePoint]], target_tau: float) -> str:

@@ -8,8 +8,8 @@ promises it the most tokens per second,
 
 a_rm being the tokens request r accepted per round when member m last drafted it and n_rm the drafts it had
 verified, whose law the router keeps (the mean of the request's rounds with the member, then a running average;
-its prior is the member's record over requests, counted as a few rounds), t_m the member's drafting time plus its catch-up on request r, and t_v the profiled verify cost of the
-batch of R requests. The expectation is over the recorded law of n, not t_v at its mean: a cut verifies none on
+its prior is the member's record over requests, counted as a few rounds), t_m the member's drafting time plus its
+catch-up on request r, and t_v the profiled verify cost of the batch of R requests. The expectation is over the recorded law of n, not t_v at its mean: a cut verifies none on
 some rounds and many on others, and t_v is neither linear nor, on some machines, monotone. A member not chosen
 does not run: the verified tokens wait for it and it reads them all when next chosen, so its catch-up (its measured
 time per token read beyond a usual round's, times the tokens waiting) is charged to the round that switches to it;
@@ -84,6 +84,12 @@ def _average(old: float | None, new: float, first: float | None = None, weight: 
     if old is None:
         old = first
     return new if old is None else (1 - weight) * old + weight * new
+
+
+def _record_weight(rounds: int, floor: float, prior_rounds: int = 1) -> float:
+    """The newest round's weight in an acceptance record after `rounds` rounds: the mean of the rounds and the prior
+    (counted as `prior_rounds` rounds), then a running average with at least `floor` on the newest."""
+    return max(floor, 1 / (rounds + prior_rounds))
 
 
 def _average_law(
@@ -495,7 +501,7 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             if row.last_bucket is not None:  # the mean of the bucket's rounds, then a slow running average
                 bucket = row.last_bucket
                 rounds = self.bucket_rounds[m][bucket] = self.bucket_rounds[m].get(bucket, 0) + 1
-                weight = max(BUCKET_AVERAGE, 1 / (rounds + 1))  # the prior counts as one round
+                weight = _record_weight(rounds, BUCKET_AVERAGE)
                 old = self.bucket_record[m].get(bucket, (None, None))
                 self.bucket_record[m][bucket] = (
                     _average(old[0], count, PRIOR_ACCEPTED, weight),
@@ -504,11 +510,11 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             own = row.members[m]
             # a request's first round with a member starts from the member's record; the member's, from PRIOR
             own.rounds += 1
-            weight = max(REQUEST_AVERAGE, 1 / (own.rounds + REQUEST_PRIOR_ROUNDS))
+            weight = _record_weight(own.rounds, REQUEST_AVERAGE, REQUEST_PRIOR_ROUNDS)
             own.accepted = _average(own.accepted, count, self.member_accepted[m], weight)
             own.verified = _average_law(own.verified, verified, self.member_verified[m], weight)
             self.member_rounds[m] += 1
-            weight = max(BUCKET_AVERAGE, 1 / (self.member_rounds[m] + 1))
+            weight = _record_weight(self.member_rounds[m], BUCKET_AVERAGE)
             self.member_accepted[m] = _average(self.member_accepted[m], count, PRIOR_ACCEPTED, weight)
             self.member_verified[m] = _average_law(self.member_verified[m], verified, PRIOR_VERIFIED, weight)
             if row.last_try:
