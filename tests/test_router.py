@@ -414,3 +414,69 @@ def test_two_unlucky_rounds_do_not_sink_a_member_that_pays_below_decoding_withou
         row.last_member, row.last_bucket = 0, None
         router.record_acceptance(state, [1, 0], [0, 0])
     assert router.score(row, 0) < plain
+
+
+def test_a_rounds_rest_beyond_drafting_and_the_verify_forward_is_measured_and_priced(monkeypatch):
+    """The verify profile times the target forward alone; the rest of a round (the generation loop, the policy,
+    acceptance) is timed between rounds, less the router's drafting and the profiled forward, and every rate pays
+    it. A round around a prefill of admitted requests, or longer than a forward (a stall), teaches nothing."""
+    from angelspec_hf.models.router import modeling_router
+
+    target = make_target("llama", num_hidden_layers=2)
+    router = make_router(target)
+    router.verify_cost_model = VerifyCostModel(rows=[1, 2], tokens=[1, 4], seconds=[[1.0, 1.3]] * 2, context=0)
+    router.member_seconds = [0.05, 0.1, 0.01]
+    clock = iter([10.0, 11.8, 12.0, 13.9, 20.0, 30.0, 40.0])
+    monkeypatch.setattr(modeling_router.time, "perf_counter", lambda: next(clock))
+    state = router.new_draft_state(1)
+
+    def round_ending_at_next_call(drafting: float, drafts: int) -> None:
+        state.round_drafting = drafting  # what `propose` adds up
+        router.record_acceptance(state, [drafts], [0])
+        router.promised_gain(state)
+
+    router.promised_gain(state)  # 10.0: the first round starts
+    round_ending_at_next_call(0.2, 3)  # 11.8: 1.8 s = 0.2 drafting + t_v(4) = 1.3 + 0.3 rest
+    assert router.round_overhead == pytest.approx(0.3)
+    plain = router._rate(0.0, {0: 1.0}, 0.0)
+    assert plain == pytest.approx(1 / (1.0 + 0.3))
+    row = state.rows[0]
+    row.members[1].accepted, row.members[1].verified = 1.0, {3: 1.0}
+    assert router.score(row, 1) == pytest.approx(2.0 / (0.1 + 1.3 + 0.3))
+    round_ending_at_next_call(0.0, 0)  # 12.0: 0.2 s, shorter than a forward of one token: no rest to measure
+    assert router.round_overhead == pytest.approx(0.3)
+    round_ending_at_next_call(0.5, 0)  # 13.9: 1.9 s = 0.5 + t_v(1) + 0.4
+    assert router.round_overhead == pytest.approx(0.7 * 0.3 + 0.3 * 0.4)
+    round_ending_at_next_call(0.0, 3)  # 20.0: a stall longer than a forward is not averaged
+    measured = router.round_overhead
+    state.add_rows(1)  # an admission between rounds: its prefill is no round's rest
+    round_ending_at_next_call(0.0, 0)  # 30.0
+    assert router.round_overhead == measured and state.round_started == 30.0
+
+
+def test_a_members_scores_are_scaled_by_what_its_rounds_delivered_of_their_promise():
+    """A request's record changes only on the rounds its member drafts, and a member is picked when its record is
+    high, so its rounds deliver less than the record promised (a winner's curse); the router scales the member's
+    tokens per round by the share delivered. A try's promise is not counted: it did not win the round."""
+    target = make_target("llama", num_hidden_layers=2)
+    router = make_router(target)
+    router.verify_cost_model = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 1.3]], context=0)
+    router.member_seconds = [0.05, 0.1, 0.01]
+    state = router.new_draft_state(1)
+    row = state.rows[0]
+    assert router.delivery(1) == 1.0  # nothing known yet
+    row.members[1].accepted, row.members[1].verified = 3.0, {3: 1.0}
+    promised = router.score(row, 1)
+    tokens = torch.tensor([[1, 2]])
+    hidden = tuple(torch.zeros(1, 2, target.config.hidden_size, dtype=target.dtype) for _ in router.hidden_indices)
+    row.plan = (2, (1, None, False))  # `promised_gain` chose DFly for the round at 2 tokens read
+    router.propose(state, hidden, tokens, 3, DraftRound(torch.tensor([1.0]), [False]))
+    assert row.promised == pytest.approx(1 + 3.0)  # DFly's record when chosen
+    router.record_acceptance(state, [3], [1])  # delivered 2 of the 4 tokens promised
+    assert row.promised is None and router.delivery(1) == pytest.approx(0.5)
+    row.members[1].accepted, row.members[1].verified = 3.0, {3: 1.0}
+    router.member_seconds = [0.05, 0.1, 0.01]  # the round measured DFly's drafting time; back to the one above
+    assert router.score(row, 1) == pytest.approx(promised / 2)  # (1 + 3) · 0.5 tokens for the same time
+    row.last_member, row.last_try, row.promised = 1, True, 9.0  # a try: its promise is not the member's
+    router.record_acceptance(state, [3], [3])
+    assert router.delivery(1) == pytest.approx(0.5)

@@ -4,13 +4,15 @@ No single drafter wins everywhere (AngelSpec): an MTP head for open chat, block 
 suffix matching where the output repeats its input. Each round the router drafts every request with the member that
 promises it the most tokens per second,
 
-    score(r, m) = (1 + a_rm) / (t_m + E[t_v(R, 1 + n_rm)]),
+    score(r, m) = d_m (1 + a_rm) / (t_m + E[t_v(R, 1 + n_rm)] + t_o),
 
 a_rm being the tokens request r accepted per round when member m last drafted it and n_rm the drafts it had
 verified, whose law the router keeps (the mean of the request's rounds with the member, then a running average;
 its prior is the member's record over requests, counted as a few rounds), t_m the member's drafting time plus its
-catch-up on request r, and t_v the profiled verify cost of the batch of R requests. The expectation is over the recorded law of n, not t_v at its mean: a cut verifies none on
-some rounds and many on others, and t_v is neither linear nor, on some machines, monotone. A member not chosen
+catch-up on request r, t_v the profiled verify cost of the batch of R requests, t_o the measured rest of a round
+(`round_overhead`) and d_m the share of its promised tokens member m's rounds delivered (`delivery`). The
+expectation is over the recorded law of n, not t_v at its mean: a cut verifies none on some rounds and many on
+others, and t_v is neither linear nor, on some machines, monotone. A member not chosen
 does not run: the verified tokens wait for it and it reads them all when next chosen, so its catch-up (its measured
 time per token read beyond a usual round's, times the tokens waiting) is charged to the round that switches to it;
 a member that reads for free (suffix) has none. The router's promise to the verify policy counts it, so the policy
@@ -128,6 +130,7 @@ class RouterRow:
     prompt: int | None = None  # tokens of the request's first round (its prompt)
     read: int = 0  # tokens of the request the router has queued for its members, prompt included
     plan: tuple | None = None  # (read, choice): the choice `promised_gain` made for the round at `read` tokens
+    promised: float | None = None  # 1 + a_rm: the tokens its last drafting round's member promised when chosen
 
 
 class RouterDraftState:
@@ -137,13 +140,18 @@ class RouterDraftState:
     def __init__(self, member_states: list, batch_size: int):
         self.members = member_states
         self.rows = [RouterRow([MemberRow() for _ in member_states]) for _ in range(batch_size)]
+        self.round_started: float | None = None  # when this round began (`promised_gain`); None: not timed
+        self.round_drafting = 0.0  # seconds the router drafted in it
+        self.round_width: int | None = None  # the widest verify in it (1 + drafts); None: the router drafted none
 
     def select_rows(self, rows: torch.LongTensor) -> None:
         for state in self.members:
             state.select_rows(rows)
         self.rows = [self.rows[r] for r in rows.tolist()]
+        self.round_started = None  # requests retired or admitted (a prefill) between rounds: no usual round
 
     def add_rows(self, count: int) -> None:
+        self.round_started = None
         for state in self.members:
             state.add_rows(count)
         self.rows += [RouterRow([MemberRow() for _ in self.members]) for _ in range(count)]
@@ -192,6 +200,10 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         self.member_accepted: list[float | None] = [None] * len(members)  # a_m over requests
         self.member_verified: list[dict[int, float] | None] = [None] * len(members)
         self.member_rounds = [0] * len(members)  # rounds averaged into a_m
+        # Tokens per round (1 + a) each member promised when chosen and delivered, averaged over its rounds.
+        self.member_promised: list[float | None] = [None] * len(members)
+        self.member_delivered: list[float | None] = [None] * len(members)
+        self.round_overhead: float | None = None  # a drafting round's seconds beyond drafting and the verify forward
         # For members with an outlook: (accepted, law of verified) per round, by outlook bucket.
         self.bucket_record: list[dict[int, tuple[float, dict[int, float]]]] = [{} for _ in members]
         self.bucket_rounds: list[dict[int, int]] = [{} for _ in members]  # rounds averaged into each record
@@ -332,14 +344,30 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         catch-up on the tokens waiting for it (`pending` more verified since the router last drafted) included, in
         a batch of `rows` requests; for a member with an outlook, a_m and n_m are its record at this outlook's
         bucket."""
-        own = row.members[m]
+        accepted, verified = self.record(row, m, bucket)
+        accepted = (1 + accepted) * self.delivery(m) - 1
+        seconds = (self.member_seconds[m] or 0.0) + self.catch_up_seconds_of(m, len(row.members[m].tokens) + pending)
+        return self._rate(accepted, verified, seconds, rows)
+
+    def record(self, row: RouterRow, m: int, bucket: int | None = None) -> tuple[float, dict[int, float]]:
+        """Member m's record on this request, (a_rm, the law of n_rm); for a member with an outlook, its record at
+        this outlook's bucket."""
         if bucket is not None:
-            accepted, verified = self.bucket_record[m].get(bucket, (PRIOR_ACCEPTED, PRIOR_VERIFIED))
-        else:
-            accepted = own.accepted if own.accepted is not None else self.member_accepted[m]
-            verified = own.verified if own.verified is not None else self.member_verified[m]
-        seconds = (self.member_seconds[m] or 0.0) + self.catch_up_seconds_of(m, len(own.tokens) + pending)
-        return self._rate(accepted or 0.0, verified or NO_DRAFTS, seconds, rows)
+            return self.bucket_record[m].get(bucket, (PRIOR_ACCEPTED, PRIOR_VERIFIED))
+        own = row.members[m]
+        accepted = own.accepted if own.accepted is not None else self.member_accepted[m]
+        verified = own.verified if own.verified is not None else self.member_verified[m]
+        return accepted or 0.0, verified or NO_DRAFTS
+
+    def delivery(self, m: int) -> float:
+        """What member m's rounds delivered of the tokens they promised (1 + a_rm when chosen). A request's record
+        changes only on the rounds its member drafts, and the router picks a member when its record is high, so a
+        record promises more than its next round delivers (a winner's curse: over 8 math-reasoning prompts the
+        shipped DFly member's rounds delivered 0.88 of their promise, the suffix member's 1.13); scores are scaled
+        by it."""
+        if self.member_promised[m] is None:
+            return 1.0
+        return self.member_delivered[m] / self.member_promised[m]
 
     def usual_width(self, m: int) -> int:
         """Verified tokens member m reads in a usual round: its drafts per round and the bonus token."""
@@ -354,13 +382,15 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         return (waiting - usual) * (self.member_read_seconds[m] or 0.0)
 
     def _rate(self, accepted: float, verified: dict[int, float], seconds: float, rows: int = 1) -> float:
-        """(1 + a) / (t + E[t_v(R, 1 + n)]): a request's tokens per second in rounds of R = `rows` requests that
-        draft for `seconds` and verify n drafts per request (`verified`: n's law), a of them accepted (t_v the
+        """(1 + a) / (t + E[t_v(R, 1 + n)] + t_o): a request's tokens per second in rounds of R = `rows` requests
+        that draft for `seconds` and verify n drafts per request (`verified`: n's law), a of them accepted (t_v the
         profiled verify cost of the batch, whose widening costs more where the verify forward is compute-bound;
-        without a profile, one unit per token)."""
+        t_o the measured `round_overhead`; without a profile, one unit per token and no overhead)."""
         model = self.verify_cost_model
-        verify = sum(weight * (model(rows, 1 + n) if model is not None else 1 + n) for n, weight in verified.items())
-        return (1 + accepted) / (seconds + verify)
+        if model is None:
+            return (1 + accepted) / (seconds + sum(weight * (1 + n) for n, weight in verified.items()))
+        verify = sum(weight * model(rows, 1 + n) for n, weight in verified.items())
+        return (1 + accepted) / (seconds + verify + (self.round_overhead or 0.0))
 
     def admit(self, state: RouterDraftState, r: int) -> None:
         """Decide, once per request, which members it tries: those whose backoff across requests has run out and
@@ -461,6 +491,7 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         None without a profile."""
         if self.verify_cost_model is None or not state.rows:
             return None
+        self._time_round(state)
         plain = self._rate(0.0, NO_DRAFTS, 0.0, len(state.rows))  # r_0
         pending = pending or [[] for _ in state.rows]
         self.read_ahead(state, pending)
@@ -473,6 +504,21 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
                 gain = max(gain, FREE_ROUND_GAIN)
             gains.append(UNTRIED_GAIN if trying else gain)
         return sum(gains) / len(gains)
+
+    def _time_round(self, state: RouterDraftState) -> None:
+        """Start a round's clock, and average the round that ends here into `round_overhead`: its seconds beyond
+        the router's drafting and the profiled verify forward (the generation loop's own work, the verify policy's,
+        acceptance, cache trimming: about 10 ms a round against a 40 ms forward on the 2-core machine, where
+        leaving it out promised the suffix member's rounds about 20 % more tokens per second than they gave).
+        Rounds the router did not draft are not timed, nor one around a prefill of admitted requests or one
+        longer than a forward (a stall)."""
+        now = time.perf_counter()
+        if state.round_started is not None and state.round_width is not None:
+            rows = len(state.rows)
+            gap = now - state.round_started - state.round_drafting - self.verify_cost_model(rows, state.round_width)
+            if 0.0 <= gap <= self.verify_cost_model(rows, 1):
+                self.round_overhead = _average(self.round_overhead, gap)
+        state.round_started, state.round_drafting, state.round_width = now, 0.0, None
 
     def read_ahead(self, state: RouterDraftState, pending: list[list[int]]) -> None:
         """Members that read for free (suffix) read the tokens verified since the router last drafted now, before
@@ -492,8 +538,9 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             self._draft_with(m, state, list(range(len(state.rows))), 0, None, None, False)
 
     def record_acceptance(self, state: RouterDraftState, drafted: list[int], accepted: list[int]) -> None:
-        """Average what the target accepted of each request's round into its drafting member's estimates, and judge
-        the tries among these rounds (`_judge_try`)."""
+        """Average what the target accepted of each request's round into its drafting member's estimates (and what
+        it delivered of its promise, `delivery`), and judge the tries among these rounds (`_judge_try`)."""
+        state.round_width = 1 + max(drafted, default=0)
         for r, (row, verified, count) in enumerate(zip(state.rows, drafted, accepted)):
             m = row.last_member
             if m is None:
@@ -517,6 +564,10 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             weight = _record_weight(self.member_rounds[m], BUCKET_AVERAGE)
             self.member_accepted[m] = _average(self.member_accepted[m], count, PRIOR_ACCEPTED, weight)
             self.member_verified[m] = _average_law(self.member_verified[m], verified, PRIOR_VERIFIED, weight)
+            if row.promised is not None and not row.last_try:  # a try's promise did not win it the round
+                self.member_promised[m] = _average(self.member_promised[m], row.promised, weight=weight)
+                self.member_delivered[m] = _average(self.member_delivered[m], 1 + count, weight=weight)
+            row.promised = None
             if row.last_try:
                 row.last_try = False
                 self._judge_try(state, r, m, verified, count)
@@ -538,6 +589,7 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         and merged back). Returns target-vocabulary ids [B, K] and draft logits [B, K, V] over the target
         vocabulary (−inf outside a member's draft vocabulary; positions a member did not draft are never verified).
         Greedy acceptance reads only the ids, so when no request samples the logits are empty, [B, K, 0]."""
+        began = time.perf_counter()
         batch, count = new_token_ids.shape
         lengths = new_lengths.tolist() if new_lengths is not None else [count] * batch
         for r, (row, tokens) in enumerate(zip(state.rows, new_token_ids.tolist())):
@@ -555,8 +607,9 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         chosen = [m for m, _, _ in choices]
         if hasattr(choose, "sources"):  # a DraftRound: D-cut calibrates each member's confidences apart
             choose.sources = torch.tensor(chosen)
-        for row, (_, bucket, trying) in zip(state.rows, choices):
+        for row, (m, bucket, trying) in zip(state.rows, choices):
             row.last_bucket, row.last_try, row.plan = bucket, trying, None
+            row.promised = 1 + self.record(row, m, bucket)[0]
         sampled = bool(getattr(choose, "sampled", torch.ones(1, dtype=torch.bool)).any())
         drafted = []
         for m in sorted(set(chosen)):
@@ -579,6 +632,7 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             draft_ids[where, : ids.shape[1]] = ids
             if sampled:
                 draft_logits[where, : ids.shape[1]] = logits.to(draft_logits.dtype)
+        state.round_drafting += time.perf_counter() - began
         return draft_ids, draft_logits
 
     def _draft_with(

@@ -68,9 +68,15 @@ class VerifyCostModel:
     context: int
     machine: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        self._memo: dict[tuple[int, int], float] = {}  # asked each round for the same few shapes: computed once
+
     def __call__(self, rows: int, tokens_per_row: int) -> float:
-        per_row = [_interpolate(self.tokens, line, tokens_per_row) for line in self.seconds]
-        return _interpolate(self.rows, per_row, rows)
+        key = (rows, tokens_per_row)
+        if key not in self._memo:
+            per_row = [_interpolate(self.tokens, line, tokens_per_row) for line in self.seconds]
+            self._memo[key] = _interpolate(self.rows, per_row, rows)
+        return self._memo[key]
 
     def save(self, path: str) -> None:
         """Write atomically: a reader never sees a half-written profile."""
