@@ -5,6 +5,7 @@ sampled law is tested in test_lossless.py."""
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -25,6 +26,17 @@ def make_router(target, **suffix_options):
         SuffixDrafter.from_target(target, **suffix_options),
     ]
     return RouterDrafter.from_members(members)
+
+
+def priced_router(rows=(1,), **suffix_options):
+    """A router over a 2-layer target, priced by a profile where a verify forward costs 1 s for one token per row
+    and 1.3 s for four, at every batch size in `rows`."""
+    target = make_target("llama", num_hidden_layers=2)
+    router = make_router(target, **suffix_options)
+    router.verify_cost_model = VerifyCostModel(
+        rows=list(rows), tokens=[1, 4], seconds=[[1.0, 1.3]] * len(rows), context=0
+    )
+    return target, router
 
 
 def repeating_prompt(target, seed=3):
@@ -111,11 +123,9 @@ def test_each_request_is_drafted_by_the_member_that_earns_most_on_it():
 
 
 def test_promised_gain_is_optimistic_for_a_try_and_prices_the_best_member_otherwise():
-    target = make_target("llama", num_hidden_layers=2)
-    router = make_router(target)
-    state = router.new_draft_state(2)
     # two requests verify together as one did (the per-request figures below); see the end for a costlier batch
-    router.verify_cost_model = VerifyCostModel(rows=[1, 2], tokens=[1, 4], seconds=[[1.0, 1.3]] * 2, context=0)
+    target, router = priced_router(rows=(1, 2))
+    state = router.new_draft_state(2)
     assert router.promised_gain(state) > 0  # fresh requests: their members are due a try
     router.member_seconds = [0.05, 0.1, 0.01]
     for row in state.rows:  # both requests have tried MTP and DFly; the suffix member judges by its outlook
@@ -149,9 +159,7 @@ def test_a_due_try_waits_for_a_round_no_other_member_would_draft_at_most_explore
     """A try displaces the round's member: while the suffix member has a match its record says pays, MTP's due
     re-try waits (the suffix member drafts), for at most `explore_tokens` verified tokens; in a round without a
     match, where nothing would be drafted, it goes at once."""
-    target = make_target("llama", num_hidden_layers=2)
-    router = make_router(target)
-    router.verify_cost_model = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 1.3]], context=0)
+    target, router = priced_router()
     router.member_seconds = [0.05, 0.1, 0.01]
     state = router.new_draft_state(1)
     row = state.rows[0]
@@ -176,9 +184,7 @@ def test_a_due_try_waits_for_a_round_no_other_member_would_draft_at_most_explore
 def test_a_member_that_loses_its_tries_sits_out_the_tries_of_the_next_requests():
     """A try reads a request's whole backlog; a member whose tries lose (MTP accepting nothing) is tried on ever
     fewer new requests (1, 2, 4, ... skipped), and one win clears its backoff."""
-    target = make_target("llama", num_hidden_layers=2)
-    router = make_router(target)
-    router.verify_cost_model = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 1.3]], context=0)
+    target, router = priced_router()
     router.member_seconds = [0.05, 0.1, 0.01]
     router.bucket_record[2][0] = (0.0, {0: 1.0})  # the suffix member without a match accepts nothing
 
@@ -247,9 +253,7 @@ def test_switching_to_a_member_pays_for_its_catch_up_and_the_policy_adds_none():
     read beyond a usual round; the suffix member reads for free. D-cut leaves that pricing to the router."""
     from angelspec_hf.generation.policies import DCut
 
-    target = make_target("llama", num_hidden_layers=2)
-    router = make_router(target)
-    router.verify_cost_model = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 1.3]], context=0)
+    target, router = priced_router()
     router.member_seconds, router.member_read_seconds = [0.05, 0.1, 0.01], [0.002, 0.004, 0.5]
     state = router.new_draft_state(1)
     row = state.rows[0]
@@ -274,9 +278,7 @@ def test_a_matching_suffix_member_drafts_even_where_its_bucket_record_loses_and_
     """Where no member's score beats decoding without drafts but the suffix member has a match, the suffix member
     drafts the round (its drafts are nearly free, and D-cut verifies none of them that would not pay), whatever its
     bucket's record says; without a match the round is skipped."""
-    target = make_target("llama", num_hidden_layers=2)
-    router = make_router(target, shared_index_max_tokens=0)
-    router.verify_cost_model = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 1.3]], context=0)
+    target, router = priced_router(shared_index_max_tokens=0)
     state = router.new_draft_state(1)
     router.member_seconds = [0.05, 0.1, 0.01]
     router.admit(state, 0)
@@ -298,9 +300,7 @@ def test_the_suffix_member_reads_the_backlog_before_the_router_weighs_it():
     """Through rounds the router does not draft, the suffix member still reads what was verified (when the router is
     asked what the next round promises), so its outlook sees the prompt: otherwise a request that starts with no try
     due would be judged by an empty index and never drafted. The drafting round after reads each token once."""
-    target = make_target("llama", num_hidden_layers=2)
-    router = make_router(target, shared_index_max_tokens=0)
-    router.verify_cost_model = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 1.3]], context=0)
+    target, router = priced_router(shared_index_max_tokens=0)
     state = router.new_draft_state(1)
     text = [7, 8, 9, 10, 11, 12, 7, 8, 9]
     router.promised_gain(state, [text[:4]])
@@ -327,9 +327,7 @@ def test_the_suffix_member_reads_the_backlog_before_the_router_weighs_it():
 def test_a_batch_of_new_requests_tries_each_member_on_one_request_at_a_time():
     """Requests admitted together do not all pay a try (each reads a whole prompt): one tries each member, the others
     go by its verdict, and once the try is judged the next new request may try again."""
-    target = make_target("llama", num_hidden_layers=2)
-    router = make_router(target)
-    router.verify_cost_model = VerifyCostModel(rows=[1, 4], tokens=[1, 4], seconds=[[1.0, 1.3]] * 2, context=0)
+    target, router = priced_router(rows=(1, 4))
     state = router.new_draft_state(4)
     choices = [router.choice(state, r) for r in range(4)]
     assert choices[0][2] and not any(trying for _, _, trying in choices[1:])
@@ -367,9 +365,7 @@ def test_a_members_record_prices_its_rounds_by_the_mean_verify_cost_not_the_cost
 def test_a_try_waits_until_reading_the_backlog_costs_a_small_share_of_the_requests_decoding():
     """After a long prompt a try's catch-up (reading the prompt) would cost more than it could win back: it waits
     until the request has decoded long enough that the catch-up is at most TRY_SHARE of that time."""
-    target = make_target("llama", num_hidden_layers=2)
-    router = make_router(target)
-    router.verify_cost_model = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 1.3]], context=0)
+    target, router = priced_router()
     router.member_read_seconds = [0.01, 0.01, None]  # MTP and DFly have caught up before: reading costs 0.01 s/token
     state = router.new_draft_state(1)
     row = state.rows[0]
@@ -422,12 +418,10 @@ def test_a_rounds_rest_beyond_drafting_and_the_verify_forward_is_measured_and_pr
     it. A round around a prefill of admitted requests, or longer than a forward (a stall), teaches nothing."""
     from angelspec_hf.models.router import modeling_router
 
-    target = make_target("llama", num_hidden_layers=2)
-    router = make_router(target)
-    router.verify_cost_model = VerifyCostModel(rows=[1, 2], tokens=[1, 4], seconds=[[1.0, 1.3]] * 2, context=0)
+    target, router = priced_router(rows=(1, 2))
     router.member_seconds = [0.05, 0.1, 0.01]
     clock = iter([10.0, 11.8, 12.0, 13.9, 20.0, 30.0, 40.0])
-    monkeypatch.setattr(modeling_router.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(modeling_router, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
     state = router.new_draft_state(1)
 
     def round_ending_at_next_call(drafting: float, drafts: int) -> None:
@@ -458,9 +452,7 @@ def test_a_members_scores_are_scaled_by_what_its_rounds_delivered_of_their_promi
     """A request's record changes only on the rounds its member drafts, and a member is picked when its record is
     high, so its rounds deliver less than the record promised (a winner's curse); the router scales the member's
     tokens per round by the share delivered. A try's promise is not counted: it did not win the round."""
-    target = make_target("llama", num_hidden_layers=2)
-    router = make_router(target)
-    router.verify_cost_model = VerifyCostModel(rows=[1], tokens=[1, 4], seconds=[[1.0, 1.3]], context=0)
+    target, router = priced_router()
     router.member_seconds = [0.05, 0.1, 0.01]
     state = router.new_draft_state(1)
     row = state.rows[0]
