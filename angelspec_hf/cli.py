@@ -78,11 +78,6 @@ def _teacher_forced(args: argparse.Namespace) -> None:
 
 
 DEFAULT_DRAFTER = "smollm2-135m-instruct-suffix"  # a shipped card (the fastest on MT-bench): load_drafter finds it
-DEMO_PROMPTS = [
-    "Give me three tips for staying focused while working from home.",
-    "Explain what a hash table is to a first-year student.",
-    "Write a short, friendly email inviting my team to a Friday lunch.",
-]
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -90,14 +85,11 @@ def _demo(args: argparse.Namespace) -> None:
 
     from .benchmark.bench import drafter_methods, format_table, run_benchmark
     from .hub import load_drafter
-    from .prompts import default_data_dir, encode_chat, load_prompts
+    from .prompts import encode_chat, load_prompts
 
     target = load_target_from_args(args)
     drafter = load_drafter(args.drafter, target.model, target.tokenizer)
-    if default_data_dir() is not None:
-        prompts = [row["prompt"] for row in load_prompts("mt_bench", limit=args.limit)]
-    else:
-        prompts = DEMO_PROMPTS[: args.limit]
+    prompts = [row["prompt"] for row in load_prompts("mt_bench", limit=args.limit)]  # shipped with the package
     results = run_benchmark(
         target.model, target.tokenizer, drafter_methods("drafter", drafter), prompts, args.max_new_tokens
     )
@@ -200,8 +192,8 @@ def _batch(args: argparse.Namespace) -> None:
     )
 
 
-DEFAULT_HELDOUT = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+DEFAULT_HELDOUT = os.path.join(  # package data: an installed wheel has it
+    os.path.dirname(os.path.abspath(__file__)),
     "data",
     "smollm2-135m-instruct",
     "heldout_responses.jsonl.gz",
@@ -211,20 +203,15 @@ DEFAULT_HELDOUT = os.path.join(
 def _estimate(args: argparse.Namespace) -> None:
     import json
 
-    from torch.utils.data import DataLoader
-
     from .hub import load_drafter
-    from .training import PackedCollator, build_training_dataset, estimate_acceptance, precompute_hidden_states
+    from .training import estimate_on_responses
 
     target = load_target_from_args(args)
     drafter = load_drafter(args.drafter, target.model, target.tokenizer)
     sources = args.sources.split(",") if args.sources else None
-    dataset = build_training_dataset(args.responses, args.max_length, sources=sources)
-    dataset = precompute_hidden_states(
-        dataset, target.model, drafter.training_hidden_state_indices(), args.hidden_cache_dir
+    metrics = estimate_on_responses(
+        drafter, target.model, args.responses, sources, args.max_length, args.hidden_cache_dir, args.num_draft_tokens
     )
-    batches = DataLoader(dataset, batch_size=4, collate_fn=PackedCollator())
-    metrics = estimate_acceptance(drafter, batches, num_draft_tokens=args.num_draft_tokens)
     depths = args.num_draft_tokens or drafter.generation_config.num_assistant_tokens
     print(f"{metrics['documents']} responses, {metrics['rounds']} rounds of greedy decoding, offline")
     print(
@@ -516,7 +503,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         sources = [args.prompts] if hasattr(args, "prompts") else []
     for source in sources:
         try:
-            check_prompt_source(source)
+            check_prompt_source(source, data_dir)
         except (OSError, ValueError) as error:
             raise UsageError(str(error)) from None
     for flag, dest in (("--output", "output"), ("--benchmarks-md", "benchmarks_md"), ("--output-dir", "output_dir")):

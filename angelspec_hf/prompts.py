@@ -1,9 +1,12 @@
-"""Prompt sets for training and benchmarking, read with `datasets` from a local folder or the Hub.
+"""Prompt sets for training and benchmarking, read with `datasets` from a local folder, the package or the Hub.
 
-Every set has a name (`mt_bench`, `gsm8k_test`, ...), the file it lives in under the local data folder
-(default `../shared/data` when it exists), and the Hub data set a user elsewhere would load instead. Each record
-becomes `{"prompt": str, "category": str}`: the first user turn. A prompt file of one's own (JSON lines) is read
-and checked record by record here (`read_prompt_file`), so a malformed one is reported by line before any model loads.
+Every set has a name (`mt_bench`, `gsm8k_test`, ...), the file it lives in under a data folder, and the Hub data set
+a user elsewhere would load instead. A set is read from the first of: the `--data-dir` folder (or
+`$ANGELSPEC_DATA_DIR`), the copy shipped in the package (the evaluation sets the commands default to: MT-bench,
+Spec-Bench, Arena-Hard, GSM8K test, MBPP; `angelspec_hf/data/prompts`, licence and source in a `SOURCE.md` each),
+the Hub. Each record becomes `{"prompt": str, "category": str}`: the first user turn. A prompt file of one's own
+(JSON lines) is read and checked record by record here (`read_prompt_file`), so a malformed one is reported by line
+before any model loads.
 """
 
 from __future__ import annotations
@@ -119,6 +122,15 @@ PROMPT_SETS: dict[str, PromptSet] = {
         _instruction_with_input,
         reference=lambda r: r["output"],
     ),
+    # Code Alpaca's newer release (4,535 code instructions); its repository's file, read from --data-dir only.
+    "code_alpaca_new": PromptSet(
+        "code_alpaca_new/new_codealpaca.json",
+        None,
+        None,
+        "train",
+        _instruction_with_input,
+        reference=lambda r: r["output"],
+    ),
     "gsm8k_train": PromptSet(
         "gsm8k/train.jsonl", "openai/gsm8k", "main", "train", lambda r: r["question"], reference=lambda r: r["answer"]
     ),
@@ -148,18 +160,52 @@ PROMPT_SETS: dict[str, PromptSet] = {
 MIXTURES = {"mixed": "mt_bench+gsm8k_test+mbpp_test"}
 
 
+PACKAGED_DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "prompts")
+
+
 def default_data_dir() -> str | None:
-    """`$ANGELSPEC_DATA_DIR`, else `../shared/data` beside the working directory or the package, if it exists."""
-    candidates = [os.environ.get(DATA_DIR_ENV)]
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    candidates += [
-        os.path.join(os.getcwd(), "..", "shared", "data"),
-        os.path.join(package_root, "..", "shared", "data"),
-    ]
-    for candidate in candidates:
-        if candidate and os.path.isdir(candidate):
-            return os.path.abspath(candidate)
+    """`$ANGELSPEC_DATA_DIR` when it names a folder. (Nothing beside the checkout is looked at: a user has none.)"""
+    folder = os.environ.get(DATA_DIR_ENV)
+    return os.path.abspath(folder) if folder and os.path.isdir(folder) else None
+
+
+def local_prompt_file(name: str, data_dir: str | None = None) -> str | None:
+    """The file prompt set `name` is read from: under `data_dir` (default `default_data_dir()`), else the package's
+    own copy; None when neither holds it (then it comes from the Hub)."""
+    spec = PROMPT_SETS[name]
+    for folder in (data_dir or default_data_dir(), PACKAGED_DATA_DIR):
+        if folder and os.path.isfile(os.path.join(folder, spec.local_file)):
+            return os.path.join(folder, spec.local_file)
     return None
+
+
+def check_prompt_set_available(name: str, data_dir: str | None = None) -> None:
+    """Raise FileNotFoundError, in one line naming what to pass, unless prompt set `name` can be read: a local or
+    shipped file, or its Hub data set (online, or offline with the data set in the local `datasets` cache)."""
+    if local_prompt_file(name, data_dir) is not None:
+        return
+    spec = PROMPT_SETS[name]
+    where = f"no --data-dir (or ${DATA_DIR_ENV}) holds {spec.local_file}"
+    if spec.hub_id is None:
+        raise FileNotFoundError(f"Prompt set {name!r} is not shipped with the package and {where}")
+    if _hub_offline() and not _in_datasets_cache(spec.hub_id):
+        raise FileNotFoundError(
+            f"Prompt set {name!r} is not shipped with the package, {where}, and the Hub is offline "
+            f"(HF_HUB_OFFLINE) with no cached copy of {spec.hub_id}: pass --data-dir"
+        )
+
+
+def _hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def _in_datasets_cache(hub_id: str) -> bool:
+    """Whether `datasets` has prepared Hub data set `hub_id` before (its cache folder `owner___name` exists)."""
+    from datasets import config
+
+    return os.path.isdir(os.path.join(str(config.HF_DATASETS_CACHE), hub_id.replace("/", "___")))
 
 
 def source_parts(source: str) -> list[str]:
@@ -169,13 +215,16 @@ def source_parts(source: str) -> list[str]:
     return MIXTURES.get(source, source).split("+")
 
 
-def check_prompt_source(source: str) -> None:
-    """Raise ValueError unless every part of `source` is a known prompt set or a well-formed prompt file."""
+def check_prompt_source(source: str, data_dir: str | None = None) -> None:
+    """Raise ValueError unless every part of `source` is a known prompt set or a well-formed prompt file, and
+    FileNotFoundError when a set can be read from nowhere (`check_prompt_set_available`)."""
     for part in source_parts(source):
         if os.path.isfile(part):
             read_prompt_file(part)
         elif part.partition(":")[0] not in PROMPT_SETS:
             raise ValueError(_unknown_source_message(part))
+        else:
+            check_prompt_set_available(part.partition(":")[0], data_dir)
 
 
 def _unknown_source_message(source: str) -> str:
@@ -288,17 +337,14 @@ def load_prompts(source: str, data_dir: str | None = None, limit: int | None = N
 
 
 def _load_set(source: str, data_dir: str | None) -> datasets.Dataset:
-    """The records of prompt set `source` that it keeps, from the local data folder or the Hub."""
+    """The records of prompt set `source` that it keeps, from a local data folder, the package or the Hub."""
     import datasets
 
     spec = PROMPT_SETS[source]
-    data_dir = data_dir or default_data_dir()
-    if data_dir is not None and os.path.isfile(os.path.join(data_dir, spec.local_file)):
-        raw = datasets.load_dataset("json", data_files=os.path.join(data_dir, spec.local_file), split="train")
-    elif spec.hub_id is None:
-        raise FileNotFoundError(
-            f"Prompt set {source!r} is read from {spec.local_file} under --data-dir; none was found"
-        )
+    check_prompt_set_available(source, data_dir)
+    path = local_prompt_file(source, data_dir)
+    if path is not None:
+        raw = datasets.load_dataset("json", data_files=path, split="train")
     else:
         raw = datasets.load_dataset(spec.hub_id, spec.hub_config, split=spec.hub_split)
     return raw.filter(spec.keep)

@@ -1,12 +1,31 @@
-"""Tiny random targets of several architectures, and the real SmolLM2 tokenizer (no weights needed)."""
+"""Tiny random targets of several architectures, and the real SmolLM2 tokenizer (no weights needed).
 
+The suite is self-contained: prompt sets come from the package's shipped copies and `tests/fixtures/data`, the Hub is
+offline with an empty cache, and the guard in `tests/guard` fails any test (or subprocess of one) that reads `../shared`
+beside the checkout or reaches another host.
+"""
+
+import importlib.util
 import os
 import tempfile
 
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+GUARD_DIR = os.path.join(TESTS_DIR, "guard")
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="angelspec-test-hf-home-")  # no Hub cache to fall back on
+os.environ["ANGELSPEC_DATA_DIR"] = os.path.join(TESTS_DIR, "fixtures", "data")
 # Verify-cost profiles of the tiny targets go to a throwaway folder, not the user's cache.
 os.environ["ANGELSPEC_CACHE"] = tempfile.mkdtemp(prefix="angelspec-test-cache-")
+os.environ["ANGELSPEC_TEST_FORBIDDEN_DIRS"] = os.path.abspath(os.path.join(TESTS_DIR, "..", "..", "shared"))
+os.environ["ANGELSPEC_TEST_GUARD_LOG"] = tempfile.mkstemp(prefix="angelspec-test-guard-", suffix=".log")[1]
+if GUARD_DIR not in os.environ.get("PYTHONPATH", "").split(os.pathsep):  # subprocesses import the guard at start-up
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [GUARD_DIR, os.environ.get("PYTHONPATH")]))
+_guard_spec = importlib.util.spec_from_file_location(
+    "angelspec_test_guard", os.path.join(GUARD_DIR, "sitecustomize.py")
+)
+_guard_spec.loader.exec_module(importlib.util.module_from_spec(_guard_spec))  # guards this process
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -45,6 +64,19 @@ def make_target(model_type: str = "llama", vocab_size: int = 96, seed: int = 0, 
     # Random weights are nearly flat: sharpen the output so greedy decoding has clear winners, as a real LM does.
     model.lm_head.weight.mul_(8.0)
     return model
+
+
+@pytest.fixture(autouse=True)
+def isolation_guard():
+    """Fail the test when it, or a process it started, touched `../shared` or the network (see tests/guard)."""
+    log_path = os.environ["ANGELSPEC_TEST_GUARD_LOG"]
+    start = os.path.getsize(log_path)
+    yield
+    with open(log_path, encoding="utf-8") as log:
+        log.seek(start)
+        violations = log.read()
+    if violations:
+        pytest.fail(f"the test left the repository:\n{violations}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

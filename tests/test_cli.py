@@ -130,6 +130,37 @@ def test_unknown_prompt_source(capsys, tmp_path):
     assert "Unknown prompt source 'no_such_set': not a file and not one of" in error
 
 
+def test_a_prompt_set_that_can_be_read_from_nowhere_is_named_before_the_target_loads(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("ANGELSPEC_DATA_DIR")  # offline (conftest), no data folder, nothing in the datasets cache
+    output = tmp_path / "r.gz"
+    error = one_line_error(capsys, "regenerate", "--sources", "mt_bench,alpaca_eval", "--output", output)
+    assert "'alpaca_eval' is not shipped with the package" in error and "pass --data-dir" in error
+    error = one_line_error(capsys, "batch", "--prompts", "mt_bench+self_instruct", "--output", tmp_path / "out.jsonl")
+    assert "'self_instruct' is not shipped" in error
+    assert "'mtbench101' is not shipped" in one_line_error(
+        capsys, "regenerate", "--sources", "mtbench101", "--output", output
+    )
+    empty = tmp_path / "empty_data"
+    empty.mkdir()
+    error = one_line_error(capsys, "regenerate", "--sources", "gsm8k_train", "--data-dir", empty, "--output", output)
+    assert "no --data-dir (or $ANGELSPEC_DATA_DIR) holds gsm8k/train.jsonl" in error
+
+
+def test_the_evaluation_sets_ship_with_the_package(monkeypatch):
+    from angelspec_hf.prompts import PACKAGED_DATA_DIR, local_prompt_file
+
+    monkeypatch.delenv("ANGELSPEC_DATA_DIR")
+    sizes = {"mt_bench": 80, "spec_bench": 480, "gsm8k_test": 1319, "mbpp_test": 500, "arena_hard": 500, "mixed": 240}
+    for name, size in sizes.items():
+        assert len(load_prompts(name)) == size, name
+    for name in ("mt_bench", "spec_bench", "gsm8k_test", "mbpp_test", "arena_hard"):
+        path = local_prompt_file(name)
+        assert path.startswith(PACKAGED_DATA_DIR)
+        source_notes = os.path.join(PACKAGED_DATA_DIR, os.path.relpath(path, PACKAGED_DATA_DIR).split(os.sep)[0])
+        assert "licen" in open(os.path.join(source_notes, "SOURCE.md")).read().lower()
+    assert len(load_prompts("mbpp_train")) == 464, "MBPP ships whole: its train split too"
+
+
 def test_bench_concurrency_must_be_a_list_of_positive_integers(capsys, prompts):
     for value in ("abc", "0", "1,,4", "2,-1"):
         error = usage_error(capsys, "bench", "--prompts", prompts, "--concurrency", value)
