@@ -271,15 +271,22 @@ def test_rounds_without_drafting_leave_the_drafter_a_backlog_it_reads_at_once(ki
         assert sparse[point][:length] == every_round[point][:length], point
 
 
-def test_sampling_preserves_the_target_distribution():
+WINDOWED = {  # sliding-window attention on every layer (Mistral) or on the second of two (Qwen2's layer_types)
+    "mistral": dict(sliding_window=4),
+    "qwen2": dict(use_sliding_window=True, sliding_window=4, max_window_layers=1),
+}
+
+
+@pytest.mark.parametrize("model_type", ["llama", *WINDOWED])
+def test_sampling_preserves_the_target_distribution(model_type):
     """The second token (the first one a verify round decides) of many sampled continuations vs its exact law
-    under the target, sum over x1 of p(x1) p(x2 | x1)."""
+    under the target, sum over x1 of p(x1) p(x2 | x1); on the windowed targets the prompt is longer than the window."""
     from scipy.stats import chisquare
 
-    target = make_target("llama", vocab_size=24, num_hidden_layers=2)
+    target = make_target(model_type, vocab_size=24, num_hidden_layers=2, **WINDOWED.get(model_type, {}))
     target.lm_head.weight.div_(4.0)  # flatter distribution: many outcomes
     drafter = AngelSpecMTPDrafter.from_target(target, num_depths=2)
-    prompt, temperature = [3, 9, 4], 0.9
+    prompt, temperature = [3, 9, 4, 11, 2, 17, 6], 0.9
     requests = [
         Request(prompt, max_new_tokens=3, eos_token_id=[], do_sample=True, temperature=temperature, seed=s)
         for s in range(1500)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from ..cache_utils import RaggedCache, pad_pending
+from ..cache_utils import RaggedCache, pad_pending, sliding_windows
 from ..metrics import SpeculationStats
 from .dcut import DraftRound
 from .policies import RowState, VerifyPolicy, draft_round, resolve_policy
@@ -147,7 +147,7 @@ class SpeculativeEngine:
     """Serve many requests at once with a drafter (or none: batched AR) on a transformers target.
 
     Args:
-        target: the target `PreTrainedModel` (decoder-only, full attention).
+        target: the target `PreTrainedModel` (decoder-only; full or sliding-window attention).
         drafter: an AngelSpec drafter bound to (or trained for) `target`, or `None` for batched autoregressive decoding.
         policy: the verify policy (`policies.py`): a `VerifyPolicy`, a label (`"dcut"`, `"heuristic"`,
             `"constant-K"`), or None for the drafter's generation config, as `generate()` reads it (D-cut by default).
@@ -183,6 +183,7 @@ class SpeculativeEngine:
         )
         self.vocab_size = target.config.get_text_config().vocab_size
         self.context_limit = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+        self.sliding_windows = sliding_windows(target.config)  # None: every layer attends to the whole context
         default_eos = target.generation_config.eos_token_id
         self.default_eos = (
             default_eos if isinstance(default_eos, list) else [] if default_eos is None else [default_eos]
@@ -443,7 +444,7 @@ class SpeculativeEngine:
         out = self.target(
             input_ids=chunk,
             position_ids=positions,
-            attention_mask=self.cache.valid.long(),
+            attention_mask=self.cache.target_attention_mask(width, self.sliding_windows, self.target.dtype),
             past_key_values=self.cache.cache,
             use_cache=True,
             output_hidden_states=self.hidden_indices or False,  # only the tapped layers are kept
