@@ -2,6 +2,8 @@
 VENV ?= .venv
 # One pytest worker per core (each with one torch thread, tests/conftest.py); the χ² tests dominate the run.
 TEST_WORKERS ?= $(shell nproc)
+# More pytest arguments, e.g. PYTEST_ARGS="tests/test_engine.py -x"
+PYTEST_ARGS ?=
 PYTHON := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
@@ -25,7 +27,7 @@ demo: install
 test: install
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
-	$(PYTHON) -m pytest -q -n $(TEST_WORKERS)
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 bench: install
 	$(PYTHON) -m angelspec_hf.cli bench --drafter model_cards/smollm2-135m-instruct-mtp --prompts mt_bench --max-new-tokens 128 --output results/mt_bench.json

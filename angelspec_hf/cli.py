@@ -190,6 +190,14 @@ def _batch(args: argparse.Namespace) -> None:
         f"{len(outputs)} requests, {stats.generated_tokens} tokens in {stats.seconds:.1f} s "
         f"({stats.generated_tokens / stats.seconds:.1f} tokens/s, up to {stats.peak_rows} at once) -> {args.output}"
     )
+    failed = [output for output in outputs if output.finish_reason == "error"]
+    if failed:
+        print(
+            f'angelspec batch: {len(failed)} of {len(outputs)} requests failed (finish_reason "error" in '
+            f"{args.output}; the first: {failed[0].error})",
+            file=sys.stderr,
+        )
+        sys.exit(1)
 
 
 DEFAULT_HELDOUT = os.path.join(  # package data: an installed wheel has it
@@ -278,7 +286,17 @@ def _index_outputs(args: argparse.Namespace) -> None:
         suffix = next((member for member in drafter.members if isinstance(member, SuffixDrafter)), None)
     if not isinstance(suffix, SuffixDrafter):
         raise UsageError(f"--drafter {args.drafter}: neither a suffix drafter nor a router with a suffix member")
-    records = read_responses(args.responses)
+    records = []
+    for path in args.responses.split(","):
+        ours = read_responses(path)
+        for record in ours:
+            ids = record["response_ids"]
+            record["response_ids"] = ids if isinstance(ids, list) else json.loads(ids)
+        try:  # an id the target cannot read would break decoding for every request matching its text
+            suffix.check_token_ids([record["response_ids"] for record in ours], path)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+        records += ours
     if args.exclude:  # evaluation prompts: their responses would replay the answers a benchmark asks for
         from .prompts import normalize_prompt, prompts_of
 
@@ -287,7 +305,7 @@ def _index_outputs(args: argparse.Namespace) -> None:
         print(f"{len(records) - len(kept)} responses left out: their prompts are in {args.exclude}")
         records = kept
     responses = [record["response_ids"] for record in records]
-    suffix.index_outputs([ids if isinstance(ids, list) else json.loads(ids) for ids in responses], args.max_tokens)
+    suffix.index_outputs(responses, args.max_tokens)
     drafter.save_pretrained(args.output)
     print(
         f"{len(responses)} responses into the shared index of {args.output}: "
@@ -474,6 +492,15 @@ def check_arguments(args: argparse.Namespace) -> None:
             _check_model("--drafter", spec.partition("@")[0], "drafter", hub=False)
     elif getattr(args, "drafter", None):
         _check_model("--drafter", args.drafter, "drafter")
+    if args.command in ("batch", "bench", "demo"):
+        from .targets import target_context_length
+
+        context = target_context_length(args.target)
+        if context is not None and args.max_new_tokens >= context:
+            raise UsageError(
+                f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt in the target's context of "
+                f"{context} positions"
+            )
     data_dir = getattr(args, "data_dir", None)
     if data_dir is not None and not os.path.isdir(data_dir):
         raise UsageError(f"--data-dir {data_dir}: no such folder")

@@ -22,7 +22,7 @@ from transformers import TrainingArguments, set_seed  # noqa: E402
 from trl import TrlParser  # noqa: E402
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, load_target  # noqa: E402
-from angelspec_hf.prompts import encode_chat, load_prompts  # noqa: E402
+from angelspec_hf.prompts import check_prompt_source, encode_chat, load_prompts  # noqa: E402
 from angelspec_hf.training import (  # noqa: E402
     AcceptanceCallback,
     AngelSpecTrainer,
@@ -40,6 +40,9 @@ from angelspec_hf.training.regenerate import read_responses  # noqa: E402
 class DrafterArguments:
     target: str = field(
         default="smollm2", metadata={"help": "target: 'smollm2' (embedded), a folder, or dir::file.gguf"}
+    )
+    target_dtype: str = field(
+        default="float32", metadata={"help": "the target's dtype, for its states and teacher (bfloat16 on a GPU)"}
     )
     drafter_type: str = field(default="mtp", metadata={"help": "mtp | dfly"})
     init_from: str | None = field(
@@ -176,10 +179,13 @@ class DataArguments:
     eval_prompts: int = field(default=0, metadata={"help": "how many held-back prompts (0: no acceptance callback)"})
     eval_max_new_tokens: int = field(default=64)
     eval_every_n_steps: int = field(default=100)
-    data_dir: str | None = field(default=None, metadata={"help": "local prompt folder (default ../shared/data)"})
+    data_dir: str | None = field(default=None, metadata={"help": "local prompt folder (default $ANGELSPEC_DATA_DIR)"})
     max_cpu_minutes: float | None = field(
         default=None,
         metadata={"help": "stop (evaluate, save) once training used this much CPU time, over resumed parts: a budget"},
+    )
+    max_wall_minutes: float | None = field(
+        default=None, metadata={"help": "stop (evaluate, save) after this much wall-clock time of training"}
     )
 
 
@@ -193,7 +199,10 @@ def parse_arguments(argv: list[str]):
 def main(argv: list[str]) -> None:
     drafter_args, data_args, training_args = parse_arguments(argv)
     set_seed(training_args.seed)
-    target = load_target(drafter_args.target)
+    if data_args.eval_prompts:  # a prompt set that cannot be read is named before the target loads
+        check_prompt_source(data_args.eval_sources, data_args.data_dir)
+    # The target sits on the training device (a GPU when there is one and `use_cpu` is off).
+    target = load_target(drafter_args.target, dtype=drafter_args.target_dtype, device=str(training_args.device))
     records = read_responses(data_args.responses)
 
     drafter = drafter_args.build(target.model, target.tokenizer)
@@ -250,10 +259,12 @@ def main(argv: list[str]) -> None:
     trained_prompts = {record["prompt"] for record in records}
     held_back = [
         torch.tensor([encode_chat(target.tokenizer, row["prompt"])])
-        for row in load_prompts(data_args.eval_sources, data_dir=data_args.data_dir)
+        for row in (
+            load_prompts(data_args.eval_sources, data_dir=data_args.data_dir) if data_args.eval_prompts else []
+        )
         if row["prompt"] not in trained_prompts
     ][: data_args.eval_prompts]
-    callbacks = [CpuClockCallback(data_args.max_cpu_minutes), GracefulStopCallback()]
+    callbacks = [CpuClockCallback(data_args.max_cpu_minutes, data_args.max_wall_minutes), GracefulStopCallback()]
     if held_back:
         callbacks.append(
             AcceptanceCallback(

@@ -272,3 +272,47 @@ def test_batch_command_serves_a_prompt_file(smollm2_tokenizer, tmp_path, capsys)
     assert [r["prompt"] for r in records] == [f"Tell me about {n}." for n in range(5)]
     assert all(r["finish_reason"] in ("eos", "length") and 0 < r["new_tokens"] <= 7 for r in records)
     assert "5 requests" in capsys.readouterr().out
+
+
+def test_each_engine_run_starts_from_the_drafter_as_loaded(smollm2_tokenizer):
+    """The same level measured twice gives the same τ: the second does not draft the first's answers from the suffix
+    index (before, later levels and repeats of `angelspec bench --concurrency` replayed the earlier outputs)."""
+    from angelspec_hf.benchmark.engine_bench import run_engine_benchmark
+
+    target = make_target("llama", num_hidden_layers=2)
+    drafter = SuffixDrafter.from_target(target)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [" ".join(str(int(n)) for n in torch.randint(0, 90, (8,), generator=generator)) for _ in range(4)]
+
+    class Ids:  # the prompts are already token ids of the tiny target: `encode_chat` without a chat template
+        chat_template = None
+
+        def __call__(self, text):
+            return {"input_ids": [int(token) for token in text.split()]}
+
+    report = run_engine_benchmark(
+        target, Ids(), [("suffix", drafter, ("constant-4",))], prompts, [2, 2], max_new_tokens=24, min_requests=4,
+        repeats=2,
+    )  # fmt: skip
+    taus = [run["tau"] for level in report["concurrency"] for run in level["runs"] if run["name"] != "batched-ar"]
+    assert taus[0] == taus[1]
+    assert len(drafter.shared_index) > 0, "a run still records its outputs (as serving does)"
+    drafter.forget_served_requests()
+    assert len(drafter.shared_index) == 0
+
+
+def test_an_engine_divergence_is_a_near_tie_only_where_the_target_hesitated():
+    from angelspec_hf.benchmark.engine_bench import divergence
+    from angelspec_hf.generation.engine import RequestOutput
+
+    target = make_target("llama", num_hidden_layers=2)
+    prompt = [5, 6, 7]
+    reference = target.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False)[0, 3:].tolist()
+    first = reference[0]
+    other = max(range(target.config.vocab_size - 1), key=lambda token: token != first)
+    ar = RequestOutput(0, prompt, output_ids=reference)
+    clear = divergence(target, ar, RequestOutput(0, prompt, output_ids=[other] + reference[1:]))
+    assert clear["position"] == 0 and not clear["near_tie"] and clear["margin"] > 1e-3
+    target.lm_head.weight[other] = target.lm_head.weight[first]  # a tie between the two at the first new token
+    tie = divergence(target, ar, RequestOutput(0, prompt, output_ids=[other] + reference[1:]))
+    assert tie["near_tie"] and tie["margin"] == 0.0

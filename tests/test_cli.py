@@ -13,6 +13,9 @@ from angelspec_hf.cli import main
 from angelspec_hf.prompts import load_prompts
 
 
+LOAD_TARGET = targets.load_target  # for the one test below that runs a whole command on a tiny target
+
+
 @pytest.fixture(autouse=True)
 def no_model_loads(monkeypatch):
     def refuse(*args, **kwargs):
@@ -159,6 +162,31 @@ def test_the_evaluation_sets_ship_with_the_package(monkeypatch):
         source_notes = os.path.join(PACKAGED_DATA_DIR, os.path.relpath(path, PACKAGED_DATA_DIR).split(os.sep)[0])
         assert "licen" in open(os.path.join(source_notes, "SOURCE.md")).read().lower()
     assert len(load_prompts("mbpp_train")) == 464, "MBPP ships whole: its train split too"
+
+
+def test_batch_refuses_a_length_beyond_the_context_before_loading(capsys, tmp_path):
+    error = one_line_error(capsys, "batch", "--max-new-tokens", 1000000000, "--output", tmp_path / "out.jsonl")
+    assert "--max-new-tokens 1000000000 leaves no room for a prompt in the target's context of 8192 positions" in error
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_batch_exits_non_zero_when_a_request_failed(chat_target, smollm2_tokenizer, tmp_path, monkeypatch, capsys):
+    """A prompt longer than the tiny target's 512 positions fails; the others are answered; the exit status says so."""
+    monkeypatch.setattr(targets, "load_target", LOAD_TARGET)
+    chat_target.save_pretrained(tmp_path / "target")
+    smollm2_tokenizer.save_pretrained(tmp_path / "target")
+    prompts = tmp_path / "prompts.jsonl"
+    texts = ["Say hi.", "word " * 600, "Count to three."]
+    prompts.write_text("".join(json.dumps({"prompt": text}) + "\n" for text in texts))
+    output = tmp_path / "out.jsonl"
+    argv = ["batch", "--target", tmp_path / "target", "--prompts", prompts, "--max-new-tokens", 4, "--output", output]
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(arg) for arg in argv] + ["--linear-kernels", "default", "--concurrency", "2"])
+    assert exit_info.value.code == 1
+    assert "1 of 3 requests failed" in capsys.readouterr().err
+    records = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [record["finish_reason"] for record in records][1] == "error" and records[0]["new_tokens"] > 0
+    assert records[2]["finish_reason"] in ("eos", "length")
 
 
 def test_bench_concurrency_must_be_a_list_of_positive_integers(capsys, prompts):

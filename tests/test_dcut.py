@@ -250,3 +250,15 @@ def test_the_early_exit_weighs_no_steps_beyond_what_the_drafter_of_the_rows_can_
     share = drafting.rows([0])
     share.max_steps = 0
     assert not share.worth_continuing(calibrator, widening_costs_little, 15, 0.001)
+
+
+def test_timings_on_cuda_wait_for_the_device(monkeypatch):
+    """CUDA kernels run asynchronously: the verify-cost profile and the benchmark read the clock after a sync."""
+    from angelspec_hf.generation.timing import device_clock
+
+    synchronized = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synchronized.append(str(device)))
+    device_clock("cpu")
+    assert synchronized == []
+    device_clock("cuda:0")
+    assert synchronized == ["cuda:0"]

@@ -368,3 +368,20 @@ def test_engine_with_a_corrupt_cost_profile_reprofiles_over_its_batch_sizes_with
         engine = SpeculativeEngine(target, make_drafter("mtp", target, oracle=False), max_batch_size=6)
     assert engine.policy.cost_model.rows == [1, 2, 4, 6]
     assert dcut.VerifyCostModel.load(path).rows == [1, 2, 4, 6]
+
+
+def test_numpy_integer_token_ids_and_settings_are_accepted():
+    import numpy as np
+
+    target = make_target("llama", num_hidden_layers=2)
+    prompt = [5, 6, 7, 8]
+    expected = solo_outputs(target, [Request(prompt, max_new_tokens=6, request_id=0)])[0]
+    requests = [
+        Request(np.array(prompt), max_new_tokens=np.int64(6)),
+        Request([np.int32(t) for t in prompt], max_new_tokens=6, eos_token_id=np.int64(target.config.eos_token_id)),
+        Request(np.array(prompt, dtype=np.int16), max_new_tokens=6, do_sample=True, seed=np.int64(3)),
+    ]
+    outputs = SpeculativeEngine(target, None, max_batch_size=3).generate(requests)
+    assert [o.finish_reason for o in outputs] != ["error"] * 3 and all(o.error is None for o in outputs)
+    assert outputs[0].output_ids == expected and outputs[1].output_ids == expected
+    assert all(type(token) is int for o in outputs for token in o.output_ids + o.prompt_ids)

@@ -168,3 +168,22 @@ def test_default_configs_still_build_and_serialise(config_class, tmp_path):
     assert json.loads(config.to_json_string())["model_type"] == config_class.model_type
     config.save_pretrained(tmp_path)
     assert AutoConfig.from_pretrained(tmp_path).to_diff_dict() == config.to_diff_dict()
+
+
+def test_a_folder_of_unknown_model_type_is_refused_without_running_its_code(tmp_path):
+    """`load_drafter` (and so every command) passes trust_remote_code=False: the folder's code never runs and no
+    "run custom code? [y/N]" prompt waits on a terminal."""
+    from angelspec_hf import load_drafter
+
+    folder = tmp_path / "strange"
+    folder.mkdir()
+    marker = tmp_path / "code_ran"
+    (folder / "config.json").write_text(
+        json.dumps(
+            {"model_type": "strange_drafter", "auto_map": {"AutoConfig": "strange.C", "AutoModel": "strange.M"}}
+        )
+    )
+    (folder / "strange.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        load_drafter(str(folder))
+    assert not marker.exists()

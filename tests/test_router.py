@@ -2,6 +2,7 @@
 merged back), routing by what each member's drafts earned on each request, one folder that saves and loads. Its
 sampled law is tested in test_lossless.py."""
 
+import json
 import os
 import subprocess
 import sys
@@ -236,6 +237,27 @@ def test_save_and_load_keep_every_member_and_load_with_remote_code(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "RouterDrafter ['AngelSpecMTPDrafter', 'DFlyDrafter', 'SuffixDrafter']" in result.stdout
+
+
+@pytest.mark.parametrize("name", ["../../outside_member", "/tmp/absolute_member", "a/b", "..", "", "sub\\dir"])
+def test_member_names_are_plain_folder_names_on_load_and_on_save(name, tmp_path):
+    """A member name is a folder under members/: one that would leave the router's folder is refused when a config
+    names it (loading) and before a save writes anything."""
+    target = make_target("llama", num_hidden_layers=2)
+    members = [SuffixDrafter.from_target(target, shared_index_max_tokens=0)]
+    with pytest.raises(ValueError, match="not a plain folder name under members/"):
+        RouterDrafter.from_members(members, names=[name])
+    router = RouterDrafter.from_members(members, names=["suffix"])
+    router.save_pretrained(tmp_path / "router")
+    config_path = tmp_path / "router" / "config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "member_names": [name]}))
+    with pytest.raises(ValueError, match="not a plain folder name under members/"):
+        AutoModel.from_pretrained(tmp_path / "router")
+    router.member_names = [name]  # as a loaded router re-saved after its names were changed
+    with pytest.raises(ValueError, match="not a plain folder name under members/"):
+        router.save_pretrained(tmp_path / "inside" / "saved")
+    assert os.listdir(tmp_path / "inside") == [], "nothing written, inside the save's folder or beside it"
 
 
 def test_members_of_another_target_or_vocabulary_are_refused():

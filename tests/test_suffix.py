@@ -346,3 +346,71 @@ def test_a_row_drafts_from_its_own_text_unless_the_shared_index_matches_longer_b
     assert found(drafting_match(drafter, state, [8, 9, 10, 11])) == (2, {40: 1})
     with pytest.raises(ValueError, match="shared_match_margin"):
         SuffixDrafter.from_target(target, shared_match_margin=-1)
+
+
+def test_ids_outside_the_vocabulary_are_refused_where_an_index_is_built_and_loaded(tmp_path, capsys):
+    import gzip
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from angelspec_hf.cli import main
+
+    target = make_target("llama", num_hidden_layers=2)  # vocabulary 96
+    drafter = SuffixDrafter.from_target(target, shared_index_max_tokens=100)
+    with pytest.raises(ValueError, match="output 2: token id 1000000 is outside the target's vocabulary"):
+        drafter.index_outputs([[5, 6], [7, 1000000]])
+    with pytest.raises(ValueError, match="token id -3"):
+        drafter.index_outputs([[-3]])
+    assert len(drafter.shared_index) == 0, "nothing indexed from a refused corpus"
+    drafter.save_pretrained(tmp_path / "suffix")
+    bad = tmp_path / "bad.jsonl.gz"
+    with gzip.open(bad, "wt") as handle:
+        for ids in ([5, 6, 7], [8, 1000000]):
+            handle.write(json.dumps({"source": "s", "prompt": "p", "prompt_ids": [1], "response_ids": ids}) + "\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["index-outputs", "--drafter", str(tmp_path / "suffix"), "--responses", str(bad), "--output",
+              str(tmp_path / "out")])  # fmt: skip
+    assert exit_info.value.code == 2
+    assert f"{bad}, output 2: token id 1000000 is outside" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    # A saved index edited to hold an id the target cannot read is refused on load, naming the folder.
+    drafter.index_outputs([[5, 6, 7]])
+    drafter.save_pretrained(tmp_path / "edited")
+    weights = load_file(tmp_path / "edited" / "model.safetensors")
+    weights["shared_tokens"][1] = 500
+    save_file(weights, tmp_path / "edited" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="edited: the shared index .*token id 500"):
+        SuffixDrafter.from_pretrained(tmp_path / "edited")
+
+
+def test_a_drafter_failing_while_drafting_costs_the_rows_running_their_drafts_not_their_outputs(monkeypatch):
+    """The drafter raises on any round whose text holds token 77 (one request's prompt): the four requests running
+    decode on without drafts and end as plain decoding; the requests admitted after they left draft again."""
+    target = make_target("llama", num_hidden_layers=2)
+    drafter = SuffixDrafter.from_target(target, shared_index_max_tokens=0)
+    propose = SuffixDrafter.propose
+
+    def fragile(self, state, hidden, tokens, *args, **kwargs):
+        if (tokens == 77).any():
+            raise IndexError("index 1000000 is out of bounds")
+        return propose(self, state, hidden, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(SuffixDrafter, "propose", fragile)
+    pattern = [7, 8, 9, 10, 11, 12]
+    prompts = [pattern * 3 + [20 + i] for i in range(8)]
+    prompts[1] = prompts[1][:-1] + [77]
+    requests = [Request(prompt, max_new_tokens=24, request_id=i) for i, prompt in enumerate(prompts)]
+    references = {
+        r.request_id: target.generate(torch.tensor([r.input_ids]), max_new_tokens=24, do_sample=False)[
+            0, len(r.input_ids) :
+        ].tolist()
+        for r in requests
+    }
+    engine = SpeculativeEngine(target, drafter, policy="constant-4", max_batch_size=4)
+    with pytest.warns(UserWarning, match="drafter failed while drafting .*IndexError.*4 requests running"):
+        outputs = engine.generate(requests)
+    assert [o.output_ids for o in outputs] == [references[r.request_id] for r in requests]
+    assert all(o.finish_reason in ("eos", "length") for o in outputs)
+    assert sum(sum(o.stats.accepted) for o in outputs[:4]) == 0, "the rows running at the failure drafted no more"
+    assert sum(sum(o.stats.accepted) for o in outputs[4:]) > 0, "later requests draft again"

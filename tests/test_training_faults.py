@@ -257,3 +257,43 @@ def test_a_precomputation_killed_midway_resumes_at_the_shard_it_was_writing(tiny
     assert {path: os.stat(path).st_mtime_ns for path in complete} == written
     assert len(cached) == len(dataset)
     assert_hidden_states_of(tiny_target, cached, dataset, indices)
+
+
+def test_saves_into_one_folder_take_turns_and_clear_what_killed_saves_left(tmp_path):
+    """Two threads save different drafters into one folder 15 times each: every save completes, the folder holds one
+    whole checkpoint, no staging or swapped-out folder is left. Folders a killed save left (`.<name>.saving-*`
+    beside it, `.<name>.old-*` inside it) are removed by the next save."""
+    import threading
+
+    from transformers import AutoModel
+
+    from angelspec_hf import SuffixDrafter
+
+    target = make_target("llama", num_hidden_layers=2)
+    drafters = [SuffixDrafter.from_target(target, num_draft_tokens=k) for k in (3, 5)]
+    folder = tmp_path / "out"
+    errors = []
+
+    def save_many(drafter):
+        try:
+            for _ in range(15):
+                drafter.save_pretrained(folder)
+        except Exception as error:  # noqa: BLE001
+            errors.append(error)
+
+    threads = [threading.Thread(target=save_many, args=(drafter,)) for drafter in drafters]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert AutoModel.from_pretrained(folder).config.num_draft_tokens in (3, 5)
+    assert os.listdir(tmp_path) == ["out"]
+    assert not [entry for entry in os.listdir(folder) if ".old-" in entry]
+
+    (tmp_path / ".out.saving-killed").mkdir()  # what a save killed mid-way leaves
+    (tmp_path / ".tmp-checkpoint-3.saving-killed").mkdir()
+    (folder / ".custom_generate.old-killed").mkdir()
+    drafters[0].save_pretrained(folder)
+    assert os.listdir(tmp_path) == ["out"]
+    assert not [entry for entry in os.listdir(folder) if ".old-" in entry]

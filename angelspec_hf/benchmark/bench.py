@@ -14,7 +14,6 @@ import json
 import os
 import platform
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -25,6 +24,7 @@ from ..generation.dcut import load_cost_model
 from ..generation.engine import resident_memory_bytes
 from ..generation.kernels import installed_plan
 from ..generation.policies import DCut, VerifyPolicy, resolve_policy
+from ..generation.timing import device_clock
 from ..metrics import SpeculationStats, SpeculativeAcceptance
 from ..prompts import encode_chat, load_prompts
 
@@ -148,11 +148,11 @@ class TargetForwardMeter:
         self.count, self.seconds, self.peak_bytes = 0, 0.0, 0
 
     def _before(self, *args):
-        self._start = time.perf_counter()
+        self._start = device_clock(self.device)
 
     def _after(self, *args):
         self.count += 1
-        self.seconds += time.perf_counter() - self._start
+        self.seconds += device_clock(self.device) - self._start
         self.peak_bytes = max(
             self.peak_bytes, resident_memory_bytes(self.device)
         )  # at the forward's peak: outputs held
@@ -186,6 +186,9 @@ def run_benchmark(
                         results[method.name],
                         lambda: _run_method(target, method, encoded[0], {"max_new_tokens": 4, "do_sample": False}),
                     )
+        for method in methods:  # the measured prompts start from the drafters as loaded, warm-up outputs forgotten
+            if method.drafter is not None:
+                method.drafter.forget_served_requests()
         for input_ids in tqdm(encoded, desc="bench", unit="prompt"):
             reference = None
             for method in methods:
@@ -195,9 +198,9 @@ def run_benchmark(
                 timings = []
                 for _ in range(repeats):
                     meter.reset()
-                    start = time.perf_counter()
+                    start = device_clock(target.device)
                     output = _guarded(result, lambda: _run_method(target, method, input_ids, stop))
-                    timings.append(time.perf_counter() - start)
+                    timings.append(device_clock(target.device) - start)
                 if output is None:
                     continue
                 result.seconds += statistics.median(timings)

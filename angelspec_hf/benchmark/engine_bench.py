@@ -22,12 +22,16 @@ from ..generation.engine import Request, SpeculativeEngine
 from ..generation.policies import parse_label, profiled_rows
 from ..metrics import SpeculationStats
 from ..prompts import encode_chat
+from .bench import NEAR_TIE_GAP, top2_gap
 
 
 def engine_run(
     target, drafter, policy: str, requests: list[Request], concurrency: int, cost_model=None
 ) -> tuple[dict, list]:
-    """One engine run; returns its metrics and the outputs."""
+    """One engine run, the drafter as loaded (`forget_served_requests`: a suffix index would otherwise hold an
+    earlier run's answers to these very prompts); returns its metrics and the outputs."""
+    if drafter is not None:
+        drafter.forget_served_requests()
     engine = SpeculativeEngine(target, drafter, policy=policy, max_batch_size=concurrency, cost_model=cost_model)
     outputs = engine.generate([dataclasses.replace(r) for r in requests])
     stats = engine.stats
@@ -105,7 +109,10 @@ def run_engine_benchmark(
             metrics = _median_repeat([metrics for metrics, _ in timed[name]])
             outputs = [output for _, repeat in timed[name] for output in repeat]
             same = sum(o.output_ids == r.output_ids for o, r in zip(outputs, reference * repeats))
-            metrics.update(name=name, identical_fraction=same / len(outputs))
+            divergences = [
+                divergence(target, r, o) for o, r in zip(outputs, reference * repeats) if o.output_ids != r.output_ids
+            ]
+            metrics.update(name=name, identical_fraction=same / len(outputs), divergences=divergences)
             if drafter is not None and parse_label(policy)[0] == "dcut":
                 metrics.update(drafter.dcut_estimates.calibrator.report())
             runs.append(metrics)
@@ -122,7 +129,40 @@ def run_engine_benchmark(
     }
     if cost_model is not None:
         report["verify_cost"] = dataclasses.asdict(cost_model)
+    broken = [
+        (level["concurrency"], run["name"], d) for level in levels for run in level["runs"] for d in run["divergences"]
+    ]
+    broken = [entry for entry in broken if not entry[2]["near_tie"]]
+    if broken:
+        concurrency, name, first = broken[0]
+        raise LosslessnessError(
+            f"{len(broken)} outputs differ from batched AR beyond a near tie; the first: {name} at concurrency "
+            f"{concurrency}, request {first['request_id']}, new token {first['position']} (top-2 margin "
+            f"{first['margin']:.3g} >= {NEAR_TIE_GAP})"
+        )
     return report
+
+
+class LosslessnessError(RuntimeError):
+    """A speculative output differs from plain decoding where the target's choice was not a near tie."""
+
+
+def divergence(target, reference, output) -> dict:
+    """Where an engine output first differs from batched AR's and the target's top-2 logit margin there: a near
+    tie (margin below `NEAR_TIE_GAP`) is floating-point noise between batch shapes, anything else is a bug."""
+    position = next(
+        (i for i, (a, b) in enumerate(zip(output.output_ids, reference.output_ids)) if a != b),
+        min(len(output.output_ids), len(reference.output_ids)),
+    )
+    sequence = torch.tensor([reference.prompt_ids + reference.output_ids], device=target.device)
+    at = len(reference.prompt_ids) + position
+    margin = top2_gap(target, sequence, at) if at < sequence.shape[1] else float("inf")
+    return {
+        "request_id": reference.request_id,
+        "position": position,
+        "margin": margin,
+        "near_tie": margin < NEAR_TIE_GAP,
+    }
 
 
 def _median_repeat(repeats: list[dict]) -> dict:

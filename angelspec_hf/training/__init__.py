@@ -1,6 +1,6 @@
 from .callbacks import AcceptanceCallback, CpuClockCallback, GracefulStopCallback, measure_acceptance
 from .data import PackedCollator, build_training_dataset, precompute_hidden_states, target_fingerprint
-from .evaluation import AcceptanceEstimate, estimate_acceptance
+from .evaluation import AcceptanceEstimate, estimate_acceptance, estimate_on_responses
 from .losses import distillation_kl, draft_loss, position_weighted_loss
 from .trainer import AngelSpecTrainer, last_complete_checkpoint
 
@@ -16,6 +16,7 @@ __all__ = [
     "distillation_kl",
     "draft_loss",
     "estimate_acceptance",
+    "estimate_on_responses",
     "last_complete_checkpoint",
     "measure_acceptance",
     "position_weighted_loss",

@@ -75,15 +75,17 @@ class CpuClockCallback(TrainerCallback):
     `max_cpu_minutes`, training stops (with a final evaluation and save) once the run has used that much. CPU time,
     not wall time, so a run sharing the cores gets the same compute; the clock starts in `train()`, so preparing
     data and hidden-state caches does not count, and a resumed run starts from the `cpu_hours` its checkpoint logged.
+    `max_wall_minutes` is a wall-clock budget for this part of the run (on a lent GPU, wall time is what is lent).
     """
 
-    def __init__(self, max_cpu_minutes: float | None = None):
+    def __init__(self, max_cpu_minutes: float | None = None, max_wall_minutes: float | None = None):
         self.max_cpu_minutes = max_cpu_minutes
-        self.start = 0.0
+        self.max_wall_minutes = max_wall_minutes
+        self.start = self.wall_start = 0.0
         self.hours_before: float | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.start, self.hours_before = time.process_time(), None
+        self.start, self.wall_start, self.hours_before = time.process_time(), time.monotonic(), None
 
     def hours(self, state) -> float:
         if self.hours_before is None:  # read once the resumed state is loaded (after `on_train_begin`)
@@ -95,7 +97,11 @@ class CpuClockCallback(TrainerCallback):
         state.log_history[-1]["cpu_hours"] = round(self.hours(state), 6)  # the entry `Trainer.log` just appended
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.max_cpu_minutes is not None and 60 * self.hours(state) >= self.max_cpu_minutes:
+        out_of_cpu = self.max_cpu_minutes is not None and 60 * self.hours(state) >= self.max_cpu_minutes
+        out_of_wall = (
+            self.max_wall_minutes is not None and time.monotonic() - self.wall_start >= 60 * self.max_wall_minutes
+        )
+        if out_of_cpu or out_of_wall:
             control.should_training_stop = True
             control.should_log = True
             control.should_evaluate = args.eval_strategy != "no"

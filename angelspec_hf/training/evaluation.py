@@ -12,6 +12,7 @@ that `generate(..., assistant_model=drafter)` with a constant schedule measures 
 
 from __future__ import annotations
 
+import os
 from typing import Iterable
 
 import torch
@@ -124,3 +125,24 @@ def estimate_acceptance(drafter, batches: Iterable[dict], target=None, num_draft
     finally:
         drafter.train(was_training)
     return estimate.metrics()
+
+
+def estimate_on_responses(
+    drafter,
+    target,
+    responses: str,
+    sources: list[str] | None = None,
+    max_length: int = 1024,
+    hidden_cache_dir: str = os.path.join(".cache", "hidden_states"),
+    num_draft_tokens: int | None = None,
+) -> dict:
+    """`estimate_acceptance` on a held-out responses file (only its `sources`, when given): packed, the drafter's
+    tapped target states cached under `hidden_cache_dir`, walked as rounds. What `angelspec estimate` prints."""
+    from torch.utils.data import DataLoader
+
+    from .data import PackedCollator, build_training_dataset, precompute_hidden_states
+
+    dataset = build_training_dataset(responses, max_length, sources=sources)
+    dataset = precompute_hidden_states(dataset, target, drafter.training_hidden_state_indices(), hidden_cache_dir)
+    batches = DataLoader(dataset, batch_size=4, collate_fn=PackedCollator())
+    return estimate_acceptance(drafter, batches, num_draft_tokens=num_draft_tokens)

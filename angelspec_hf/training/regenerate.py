@@ -77,6 +77,7 @@ def regenerate_responses(
     temperature: float = 0.0,
     seed: int = 0,
     exclude: Sequence[str] = (),
+    deadline: float | None = None,
 ) -> list[dict]:
     """The target's own response to every prompt of `sources`, appended to `output_path` as each finishes; prompts
     that are also in a prompt set of `exclude` (e.g. the evaluation sets) are skipped.
@@ -84,8 +85,9 @@ def regenerate_responses(
     Decoding runs on the batched engine (no drafter): `batch_size` requests at once, a finished one replaced by the
     next waiting prompt (continuous refill). Greedy by default; with `temperature > 0` each response is sampled with
     its own seed (`seed` plus its index), recorded with it, so sampled passes with other seeds add new responses.
-    Prompts already answered (same source, prompt and seed) are skipped: an interrupted run resumes. Prints the
-    generated tokens/s.
+    Prompts already answered (same source, prompt and seed) are skipped: an interrupted run resumes. With `deadline`
+    (a `time.monotonic()` value) it stops there, keeping every response finished by then. Prints the generated
+    tokens/s.
     """
     sampled = temperature > 0
     key = (lambda r: (r["source"], r["prompt"], r.get("seed"))) if sampled else (lambda r: (r["source"], r["prompt"]))
@@ -133,11 +135,14 @@ def regenerate_responses(
                 handle.write(json.dumps({**record, "response_ids": output.output_ids}) + "\n")
                 tokens += len(output.output_ids)
         progress.update(len(finished))
+        if deadline is not None and time.monotonic() >= deadline:
+            break
         if pending:
             engine.step()
     progress.close()
     seconds = time.perf_counter() - start
-    print(f"{len(todo)} responses, {tokens} tokens in {seconds:.0f} s: {tokens / seconds:.1f} tokens/s")
+    answered = len(todo) - len(pending)
+    print(f"{answered} responses, {tokens} tokens in {seconds:.0f} s: {tokens / seconds:.1f} tokens/s")
     return read_responses(output_path)
 
 

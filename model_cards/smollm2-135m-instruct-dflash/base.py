@@ -8,6 +8,7 @@ needs no new layer code. Concrete drafters (MTP, DFly) subclass `AngelSpecDrafte
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -276,7 +277,37 @@ REMOTE_CODE_HELPERS = (
     "generation/policies.py",
     "generation/dcut.py",
     "generation/kernels.py",
+    "generation/timing.py",
 )
+
+
+try:
+    import fcntl  # POSIX: saves of one folder take turns; elsewhere they are not serialized
+except ImportError:  # pragma: no cover
+    fcntl = None
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str):
+    """Hold an exclusive `flock` on `folder` itself (no lock file to leave behind): the saves into one parent folder,
+    by threads or processes, take turns."""
+    if fcntl is None:  # pragma: no cover
+        yield
+        return
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock
+
+
+def remove_stale_staging(parent: str) -> None:
+    """Remove the staging folders (`.<name>.saving-*`) in `parent`: with its lock held no save is running there,
+    so they are what killed saves left."""
+    for entry in os.listdir(parent):
+        if re.fullmatch(r"\..+\.saving-[^/]+", entry) and os.path.isdir(os.path.join(parent, entry)):
+            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
 
 
 class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
@@ -404,6 +435,11 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
     def record_output(self, output_ids: list[int]) -> None:
         """A finished request's generated tokens, told by `generate()` and the engine. Drafters that learn while
         serving keep them (the suffix drafter's shared index); the others ignore them."""
+
+    def forget_served_requests(self) -> None:
+        """Drop what serving taught since the drafter was loaded or saved (recorded outputs, a router's records):
+        it drafts as loaded again. Each measured benchmark run starts here, so no run drafts an earlier run's
+        answers to the same prompts."""
 
     def draft_position_weights(self) -> torch.Tensor:
         """Loss weight of draft position k = 1..K."""
@@ -593,14 +629,29 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         tokens per round) — never the target's embedding or lm_head — atomically, with remote code.
 
         Files are written to a staging folder beside `save_directory` and moved in only once all exist, config
-        last, so an interrupted save never leaves a half-written checkpoint. The folder also gets the drafter's
-        source files and an `auto_map`, so it loads with `trust_remote_code=True` where this package is missing.
+        last, so an interrupted save never leaves a half-written checkpoint. Saves into one parent folder take turns
+        (`folder_lock`), and each clears the staging folders that killed saves left there.
+        The folder also gets the drafter's source files and an `auto_map`, so it loads with `trust_remote_code=True`
+        where this package is missing.
         """
         push_to_hub = kwargs.pop("push_to_hub", False)
         hub_options = {key: kwargs.pop(key) for key in _HUB_OPTIONS if key in kwargs}
         save_directory = os.path.abspath(save_directory)
         parent = os.path.dirname(save_directory)
         os.makedirs(parent, exist_ok=True)
+        with folder_lock(parent):
+            remove_stale_staging(parent)
+            if os.path.isdir(save_directory):  # folders a killed save of this one was swapping out
+                for entry in os.listdir(save_directory):
+                    if re.fullmatch(r"\.(.+)\.old-[^/]+", entry):
+                        shutil.rmtree(os.path.join(save_directory, entry), ignore_errors=True)
+            self._save_staged(save_directory, parent, *args, **kwargs)
+        if push_to_hub:  # the folder as saved, code and card included, to the repository named after it
+            self.push_to_hub(
+                hub_options.pop("repo_id", os.path.basename(save_directory)), folder=save_directory, **hub_options
+            )
+
+    def _save_staged(self, save_directory: str, parent: str, *args, **kwargs) -> None:
         staging = tempfile.mkdtemp(prefix=f".{os.path.basename(save_directory)}.saving-", dir=parent)
         try:
             self.write_checkpoint(staging, *args, **kwargs)
@@ -616,10 +667,6 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
                     os.replace(os.path.join(staging, name), destination)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        if push_to_hub:  # the folder as saved, code and card included, to the repository named after it
-            self.push_to_hub(
-                hub_options.pop("repo_id", os.path.basename(save_directory)), folder=save_directory, **hub_options
-            )
 
     def push_to_hub(self, repo_id: str, folder: str | None = None, card=None, **options):
         """Upload this drafter to the Hub repository `repo_id` in one commit: weights, config, generation config,

@@ -23,6 +23,20 @@ def ragged_valid(lengths: torch.LongTensor | None, batch_size: int, count: int, 
     return torch.arange(count, device=device)[None, :] < lengths.to(device)[:, None]
 
 
+def sliding_windows(config) -> dict[str, int] | None:
+    """The sliding window of a target whose layers (some or all) attend to a window: `{"sliding_attention": W}`
+    for a config whose `layer_types` mix kinds (Qwen2 / Qwen3 with `use_sliding_window`), `{"all": W}` when every
+    layer is windowed (Mistral's `sliding_window`), None for full attention everywhere."""
+    config = config.get_text_config()
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if window is None or (layer_types is not None and "sliding_attention" not in layer_types):
+        return None
+    if layer_types is None or set(layer_types) == {"sliding_attention"}:
+        return {"all": window}
+    return {"sliding_attention": window}
+
+
 def pad_pending(
     tokens: list[list[int]], hidden: list[list[tuple[torch.Tensor, ...]]], num_taps: int, device
 ) -> tuple[torch.LongTensor, torch.LongTensor, tuple[torch.Tensor, ...]]:
@@ -73,16 +87,39 @@ class RaggedCache:
         """Register `new_valid.shape[1]` columns about to be written by a forward (False: a hole from the start)."""
         self.valid = torch.cat([self.valid, new_valid.to(self.valid.device, torch.bool)], dim=1)
 
-    def attention_mask(self, count: int, causal: bool = True) -> torch.Tensor:
+    def attention_mask(self, count: int, causal: bool = True, window: int | None = None) -> torch.Tensor:
         """Boolean attention mask [B, 1, count, W] (True = attend) of the last `count` columns as queries. A query sees
-        the valid keys of its row, earlier columns only if `causal`, and always itself, so no query row is empty
-        (an empty row would turn the padding's keys into NaN)."""
+        the valid keys of its row, earlier columns only if `causal`, only the last `window` positions of its row when
+        a sliding window is given (positions counted per row, holes skipped: not columns), and always itself, so no
+        query row is empty (an empty row would turn the padding's keys into NaN)."""
         keys = torch.arange(self.width, device=self.valid.device)
         queries = torch.arange(count, device=self.valid.device)[:, None] + self.width - count
         order = (
             keys[None, :] <= queries if causal else torch.ones(count, self.width, dtype=torch.bool, device=keys.device)
         )
-        return (self.valid[:, None, None, :] & order) | (keys[None, :] == queries)
+        mask = self.valid[:, None, None, :] & order
+        if window is not None:
+            positions = self.valid.long().cumsum(1) - 1  # [B, W]: the row position of each valid column
+            mask = mask & (positions[:, None, -count:, None] - positions[:, None, None, :] < window)
+        return mask | (keys[None, :] == queries)
+
+    def target_attention_mask(self, count: int, windows: dict[str, int] | None, dtype: torch.dtype):
+        """The target's attention mask for a forward of `count` new columns: the 2D validity when every layer attends
+        to the full context (transformers builds the causal mask from it), else additive 4D masks that count the
+        sliding window in each row's own positions (transformers would count columns, holes and padding included):
+        one tensor when every layer is windowed, else one per layer kind (`sliding_windows`)."""
+        if windows is None:
+            return self.valid.long()
+
+        def additive(mask):
+            return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+        if "all" in windows:
+            return additive(self.attention_mask(count, window=windows["all"]))
+        return {
+            "full_attention": additive(self.attention_mask(count)),
+            "sliding_attention": additive(self.attention_mask(count, window=windows["sliding_attention"])),
+        }
 
     def position_ids(self, count: int, offset: int = 0) -> torch.LongTensor:
         """[B, count] positions of `count` new tokens per row (before `append` registers them)."""

@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
+import re
+
 from .base import AngelSpecDrafterConfig, check_int
+
+
+MEMBER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_member_names(names: list) -> None:
+    """Each member lives in `members/<name>/` of the router's folder: a name must be a plain folder name (letters,
+    digits, '.', '_', '-'; no separator, no '..', not absolute), so loading or saving never leaves that folder."""
+    for name in names:
+        if not isinstance(name, str) or not MEMBER_NAME.fullmatch(name):
+            raise ValueError(
+                f"Router member name {name!r} is not a plain folder name under members/ "
+                "(letters, digits, '.', '_' and '-', starting with a letter or digit)"
+            )
 
 
 class RouterDrafterConfig(AngelSpecDrafterConfig):
@@ -40,6 +56,7 @@ class RouterDrafterConfig(AngelSpecDrafterConfig):
             len(member_names) != len(members) or len(set(member_names)) != len(member_names)
         ):
             raise ValueError(f"member_names must name each of the {len(members)} members once, got {member_names!r}")
+        check_member_names(member_names or [])
         if num_draft_tokens is not None:
             check_int("num_draft_tokens", num_draft_tokens)
         check_int("explore_tokens", explore_tokens)

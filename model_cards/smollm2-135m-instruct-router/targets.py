@@ -53,6 +53,34 @@ def _locate(name_or_path: str) -> tuple[str, dict, str]:
     return directory, ({"gguf_file": gguf_file} if gguf_file else {}), name
 
 
+def target_context_length(name_or_path: str = DEFAULT_TARGET) -> int | None:
+    """The target's context (positions) read from its files without loading it: a GGUF file's
+    `<architecture>.context_length`, a folder's `config.json` `max_position_embeddings`; None when unknown (a Hub
+    id, or a config without it)."""
+    import json
+
+    if name_or_path == DEFAULT_TARGET or "::" in name_or_path:
+        from gguf import GGUFReader
+
+        directory, kwargs, _ = _locate(name_or_path)
+        fields = GGUFReader(os.path.join(directory, kwargs["gguf_file"])).fields
+
+        def value(key):
+            field = fields.get(key)
+            return None if field is None else field.parts[field.data[0]]
+
+        architecture = value("general.architecture")
+        length = value(f"{bytes(architecture).decode()}.context_length") if architecture is not None else None
+        return None if length is None else int(length[0])
+    config_file = os.path.join(name_or_path, "config.json")
+    if not os.path.isfile(config_file):
+        return None
+    with open(config_file) as handle:
+        config = json.load(handle)
+    length = config.get("max_position_embeddings", (config.get("text_config") or {}).get("max_position_embeddings"))
+    return length if isinstance(length, int) else None
+
+
 def load_target_tokenizer(name_or_path: str = DEFAULT_TARGET) -> PreTrainedTokenizerBase:
     """Only the tokenizer of the target `load_target(name_or_path)` loads (no weights)."""
     directory, kwargs, _ = _locate(name_or_path)

@@ -50,7 +50,7 @@ from ..mtp.configuration_mtp import AngelSpecMTPConfig
 from ..mtp.modeling_mtp import AngelSpecMTPDrafter
 from ..suffix.configuration_suffix import SuffixDrafterConfig
 from ..suffix.modeling_suffix import FREE_ROUND_GAIN, SuffixDrafter
-from .configuration_router import RouterDrafterConfig
+from .configuration_router import RouterDrafterConfig, check_member_names
 
 
 # The drafter families a router can hold, by model type: config class, model class.
@@ -195,20 +195,30 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         self.hidden_indices = indices
         self.member_taps = [[indices.index(i) for i in member.target_hidden_state_indices()] for member in members]
         self.generation_config.num_assistant_tokens = self.default_num_draft_tokens()
-        self.member_seconds: list[float | None] = [None] * len(members)  # t_m of a usual round
-        self.member_read_seconds: list[float | None] = [None] * len(members)  # per token read beyond a usual round
-        self.member_accepted: list[float | None] = [None] * len(members)  # a_m over requests
-        self.member_verified: list[dict[int, float] | None] = [None] * len(members)
-        self.member_rounds = [0] * len(members)  # rounds averaged into a_m
+        self._reset_records()
+
+    def _reset_records(self) -> None:
+        """What the router learns while serving, empty: per member its round costs and acceptance records."""
+        count = len(self.members)
+        self.member_seconds: list[float | None] = [None] * count  # t_m of a usual round
+        self.member_read_seconds: list[float | None] = [None] * count  # per token read beyond a usual round
+        self.member_accepted: list[float | None] = [None] * count  # a_m over requests
+        self.member_verified: list[dict[int, float] | None] = [None] * count
+        self.member_rounds = [0] * count  # rounds averaged into a_m
         # Tokens per round (1 + a) each member promised when chosen and delivered, averaged over its rounds.
-        self.member_promised: list[float | None] = [None] * len(members)
-        self.member_delivered: list[float | None] = [None] * len(members)
+        self.member_promised: list[float | None] = [None] * count
+        self.member_delivered: list[float | None] = [None] * count
         self.round_overhead: float | None = None  # a drafting round's seconds beyond drafting and the verify forward
         # For members with an outlook: (accepted, law of verified) per round, by outlook bucket.
-        self.bucket_record: list[dict[int, tuple[float, dict[int, float]]]] = [{} for _ in members]
-        self.bucket_rounds: list[dict[int, int]] = [{} for _ in members]  # rounds averaged into each record
-        self.try_backoff = [0] * len(members)  # new requests a member sits out after a lost try (doubling)
-        self.try_wait = [0] * len(members)  # new requests still to pass before the member's next try
+        self.bucket_record: list[dict[int, tuple[float, dict[int, float]]]] = [{} for _ in range(count)]
+        self.bucket_rounds: list[dict[int, int]] = [{} for _ in range(count)]  # rounds averaged into each record
+        self.try_backoff = [0] * count  # new requests a member sits out after a lost try (doubling)
+        self.try_wait = [0] * count  # new requests still to pass before the member's next try
+
+    def forget_served_requests(self) -> None:
+        self._reset_records()
+        for member in self.members:
+            member.forget_served_requests()
 
     @classmethod
     def from_members(cls, members: list[AngelSpecDrafterPreTrainedModel], names: list[str] | None = None):
@@ -287,6 +297,7 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
     def write_checkpoint(self, directory: str, *args, **kwargs) -> None:
         """The router's config and generation config, each member as a drafter folder of its own under
         `members/<name>/` (weights, config, remote code: it loads alone too), and the router's remote code."""
+        check_member_names(self.member_names)  # before anything is written
         for name, member in zip(self.member_names, self.members):
             member.write_checkpoint(os.path.join(directory, MEMBERS_FOLDER, name), *args, **kwargs)
         self.config.members = [member.config.to_dict() for member in self.members]

@@ -412,6 +412,15 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
             config.min_match_length, config.max_match_length, config.max_candidates, config.shared_index_max_tokens
         )
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """A saved suffix drafter, its shared index checked: every id within the target's vocabulary."""
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        drafter = loaded[0] if isinstance(loaded, tuple) else loaded
+        tokens = [token for token in drafter.shared_tokens.tolist() if token != SEPARATOR]
+        drafter.check_token_ids([tokens], f"{pretrained_model_name_or_path}: the shared index (shared_tokens)")
+        return loaded
+
     @property
     def shared_index(self) -> SharedIndex:
         """The target's earlier outputs: those saved (`shared_tokens`), then those recorded since."""
@@ -427,11 +436,29 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
         first)."""
         self.shared_index.add_sequences([output_ids])
 
-    def index_outputs(self, outputs: Sequence[Sequence[int]], max_tokens: int | None = None) -> None:
+    def check_token_ids(self, outputs: Sequence[Sequence[int]], where: str) -> None:
+        """Raise ValueError, naming `where` and the id, if an output holds an id outside the target's vocabulary:
+        a drafted id the target cannot read would break decoding, for every request that matched its text."""
+        vocab_size = self.config.vocab_size
+        for number, output in enumerate(outputs, 1):
+            bad = next((token for token in output if not 0 <= token < vocab_size), None)
+            if bad is not None:
+                raise ValueError(
+                    f"{where}, output {number}: token id {bad} is outside the target's vocabulary (0-{vocab_size - 1})"
+                )
+
+    def forget_served_requests(self) -> None:
+        self._shared = None  # rebuilt from `shared_tokens`, the index as loaded or last saved
+
+    def index_outputs(
+        self, outputs: Sequence[Sequence[int]], max_tokens: int | None = None, source: str = "outputs to index"
+    ) -> None:
         """Seed the shared index with a corpus of the target's outputs (its responses to a prompt set: a datastore),
         all at once so that the suffix array is built once; `max_tokens` first sets a new bound, under which what
-        the index holds is kept (`angelspec index-outputs`)."""
+        the index holds is kept (`angelspec index-outputs`). Ids outside the vocabulary are refused (`source`
+        names the outputs in the error)."""
         outputs = [list(output) for output in outputs]
+        self.check_token_ids(outputs, source)
         if max_tokens is not None:
             check_int("max_tokens", max_tokens, minimum=0)
             outputs = list(self.shared_index.sequences) + outputs

@@ -23,16 +23,18 @@ batch-size 1, and servers such as vLLM are outside it.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 import time
 import warnings
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from .cache_utils import RaggedCache, pad_pending
+from .cache_utils import RaggedCache, pad_pending, sliding_windows
 from .metrics import SpeculationStats
 from .dcut import DraftRound
 from .policies import RowState, VerifyPolicy, draft_round, resolve_policy
@@ -147,7 +149,7 @@ class SpeculativeEngine:
     """Serve many requests at once with a drafter (or none: batched AR) on a transformers target.
 
     Args:
-        target: the target `PreTrainedModel` (decoder-only, full attention).
+        target: the target `PreTrainedModel` (decoder-only; full or sliding-window attention).
         drafter: an AngelSpec drafter bound to (or trained for) `target`, or `None` for batched autoregressive decoding.
         policy: the verify policy (`policies.py`): a `VerifyPolicy`, a label (`"dcut"`, `"heuristic"`,
             `"constant-K"`), or None for the drafter's generation config, as `generate()` reads it (D-cut by default).
@@ -183,6 +185,7 @@ class SpeculativeEngine:
         )
         self.vocab_size = target.config.get_text_config().vocab_size
         self.context_limit = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+        self.sliding_windows = sliding_windows(target.config)  # None: every layer attends to the whole context
         default_eos = target.generation_config.eos_token_id
         self.default_eos = (
             default_eos if isinstance(default_eos, list) else [] if default_eos is None else [default_eos]
@@ -198,6 +201,7 @@ class SpeculativeEngine:
             self.max_draft = self.policy.max_draft
         self.stats = EngineStats()
         self._submitted = 0
+        self._rows_without_drafts: set[int] | None = None  # after a drafting failure (`_drafting_paused`)
         self._waiting: deque[tuple[Request, RequestOutput]] = deque()
         self.rows: list[_Row] = []
         self.cache = RaggedCache(0, self.device)
@@ -281,7 +285,7 @@ class SpeculativeEngine:
             sampling_problem = _sampling_problem(request)
             if sampling_problem is not None:
                 return sampling_problem
-        if request.seed is not None and not isinstance(request.seed, int):
+        if request.seed is not None and not _is_int(request.seed):
             return f"seed must be an integer, got {request.seed!r}"
         length = len(request.input_ids) + request.max_new_tokens
         if self.context_limit is not None and length > self.context_limit:
@@ -342,7 +346,7 @@ class SpeculativeEngine:
         generator = None
         if request.do_sample:
             generator = torch.Generator(device=self.device)
-            generator.manual_seed(request.seed if request.seed is not None else torch.seed())
+            generator.manual_seed(int(request.seed) if request.seed is not None else torch.seed())
         policy_row = self.policy.new_row() if self.policy is not None else None
         row = _Row(request, output, eos, _processors(request), generator, next_token=-1, policy_row=policy_row)
         cache = RaggedCache(1, self.device)
@@ -380,8 +384,31 @@ class SpeculativeEngine:
         drafter reads them all at once when it next drafts)."""
         batch = len(self.rows)
         no_drafts = torch.zeros(batch, 0, dtype=torch.long, device=self.device), None, None
-        if self.drafter is None:
+        if self.drafter is None or self._drafting_paused():
             return no_drafts
+        try:
+            return self._draft_all(no_drafts)
+        except Exception as error:  # noqa: BLE001  (the rows lose their drafts, never their outputs)
+            self._rows_without_drafts = {id(row.output) for row in self.rows}
+            warnings.warn(
+                f"The drafter failed while drafting ({type(error).__name__}: {error}); the {batch} requests running "
+                "decode on without drafts (their outputs are unchanged), later ones draft again"
+            )
+            return no_drafts
+
+    def _drafting_paused(self) -> bool:
+        """After a drafting failure the drafter's state of the rows then running cannot be trusted: they decode on
+        without drafts. Once they have all left, the drafter starts afresh: the rows that joined since never drafted,
+        so their backlog (`pending_tokens`) holds their whole text, which it reads at its next round."""
+        if self._rows_without_drafts is None:
+            return False
+        if any(id(row.output) in self._rows_without_drafts for row in self.rows):
+            return True
+        self._rows_without_drafts = None
+        self.draft_state = self.drafter.new_draft_state(len(self.rows))
+        return False
+
+    def _draft_all(self, no_drafts):
         budget = max(row.remaining for row in self.rows) - 1
         width = max(len(row.pending_tokens) for row in self.rows)
         count = self.policy.draft_count(
@@ -443,7 +470,7 @@ class SpeculativeEngine:
         out = self.target(
             input_ids=chunk,
             position_ids=positions,
-            attention_mask=self.cache.valid.long(),
+            attention_mask=self.cache.target_attention_mask(width, self.sliding_windows, self.target.dtype),
             past_key_values=self.cache.cache,
             use_cache=True,
             output_hidden_states=self.hidden_indices or False,  # only the tapped layers are kept
@@ -541,7 +568,8 @@ class SpeculativeEngine:
 
 
 def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """A Python or numpy integer (not a bool)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _ids(ids) -> list:
@@ -552,7 +580,10 @@ def _ids(ids) -> list:
 
 
 def _token_list(ids, vocab_size: int) -> tuple[list[int], str | None]:
-    """Token ids given as an int, a list/tuple or a tensor (1-D, or one row) as a list, and what is wrong with them."""
+    """Token ids given as an int, a list/tuple, a numpy array or a tensor (1-D, or one row) as a list of ints, and
+    what is wrong with them."""
+    if isinstance(ids, (np.ndarray, np.generic)):
+        ids = torch.from_numpy(np.asarray(ids))
     if isinstance(ids, torch.Tensor):
         if ids.dim() > 2 or (ids.dim() == 2 and ids.shape[0] != 1) or ids.is_floating_point() or ids.is_complex():
             return (
@@ -567,7 +598,7 @@ def _token_list(ids, vocab_size: int) -> tuple[list[int], str | None]:
         return [], f"token id {bad!r} is not an integer in the vocabulary [0, {vocab_size})"
     if not ids:
         return [], "empty prompt: decoding needs at least one input token"
-    return ids, None
+    return [int(token) for token in ids], None
 
 
 def _sampling_problem(request: Request) -> str | None:

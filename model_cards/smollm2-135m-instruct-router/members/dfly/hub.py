@@ -151,8 +151,12 @@ def shipped_drafter_path(name: str) -> str | None:
 def load_drafter(name_or_path: str, target=None, tokenizer=None, **kwargs):
     """A drafter by folder, by the name of a shipped card (`load_drafter("smollm2-135m-instruct-mtp")`) or by Hub
     id, in eval mode, bound to `target` (and its `tokenizer`) when given; a peft LoRA adapter folder gives the
-    `PeftModel` on the drafter it names as its base. `kwargs` go to `AutoModel.from_pretrained`."""
+    `PeftModel` on the drafter it names as its base. `kwargs` go to `AutoModel.from_pretrained`; a folder's own code
+    runs only with `trust_remote_code=True` (the package's drafters need none: a folder of an unknown `model_type`
+    is refused, never asked about nor run)."""
     from transformers import AutoModel
+
+    kwargs.setdefault("trust_remote_code", False)
 
     path = str(name_or_path)
     if not os.path.isdir(path):

@@ -30,6 +30,8 @@ import torch
 from transformers import DynamicCache
 from transformers.utils.logging import tqdm  # honours transformers.utils.logging.disable_progress_bar()
 
+from .timing import device_clock
+
 
 PROFILED_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 MAX_VERIFY_SECONDS = 600.0  # a profiled forward slower than this is a corrupt profile, not a measurement
@@ -181,10 +183,10 @@ def profile_verify_cost(
         timings = [[] for _ in tokens]
         for repeat in range(repeats + 1):  # the first round warms up
             for (new, positions), times in zip(inputs, timings):
-                start = time.perf_counter()
+                start = device_clock(target.device)
                 target(input_ids=new, position_ids=positions, past_key_values=cache, use_cache=True)
                 if repeat:
-                    times.append(time.perf_counter() - start)
+                    times.append(device_clock(target.device) - start)
                 cache.crop(-new.shape[1])
             bar.update()
         seconds.append([sorted(times)[len(times) // 2] for times in timings])
