@@ -18,7 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from datasets import concatenate_datasets  # noqa: E402
-from transformers import TrainingArguments, set_seed  # noqa: E402
+from transformers import TrainerState, TrainingArguments, set_seed  # noqa: E402
 from trl import TrlParser  # noqa: E402
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, load_target  # noqa: E402
@@ -282,8 +282,15 @@ def main(argv: list[str]) -> None:
     )
     print(f"world size {trainer.accelerator.num_processes}, {len(dataset)} packed rows", flush=True)
     # A checkpoint killed mid-save is never resumed from: saves are atomic, incomplete leftovers are skipped.
-    last = last_complete_checkpoint(training_args.output_dir)
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint or last)
+    last = training_args.resume_from_checkpoint or last_complete_checkpoint(training_args.output_dir)
+    finished = last is not None and TrainerState.load_from_json(os.path.join(last, "trainer_state.json"))
+    if finished and 0 < training_args.max_steps <= finished.global_step:
+        # The run had trained all its steps and was stopped in its final save: finish that save, train no further
+        # (resuming would run one step past max_steps).
+        trainer._load_from_checkpoint(last)
+        trainer.state = finished
+    else:
+        trainer.train(resume_from_checkpoint=last)
     trainer.save_model(training_args.output_dir)  # with LoRA, the adapter (load_drafter loads it onto its base)
     if drafter_args.lora_r:
         trainer.model.merge_and_unload().save_pretrained(os.path.join(training_args.output_dir, "merged"))

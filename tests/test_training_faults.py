@@ -5,6 +5,7 @@ import glob
 import gzip
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -297,3 +298,39 @@ def test_saves_into_one_folder_take_turns_and_clear_what_killed_saves_left(tmp_p
     drafters[0].save_pretrained(folder)
     assert os.listdir(tmp_path) == ["out"]
     assert not [entry for entry in os.listdir(folder) if ".old-" in entry]
+
+
+def test_a_run_stopped_in_its_final_save_finishes_it_without_training_past_max_steps(
+    chat_target, smollm2_tokenizer, responses, tmp_path, monkeypatch
+):
+    """All max_steps trained and checkpointed, then killed in the final save (the output folder holds only its
+    checkpoints): the rerun finishes that save from the last checkpoint and trains no step more (it ran one past)."""
+    from safetensors.torch import load_file
+
+    target_dir, output_dir = tmp_path / "target", tmp_path / "drafter"
+    chat_target.save_pretrained(target_dir)
+    smollm2_tokenizer.save_pretrained(target_dir)
+    arguments = ["--config", os.path.join(REPO, "examples", "configs", "tiny_mtp.yaml"), "--target", str(target_dir)]
+    arguments += ["--responses", responses, "--output_dir", str(output_dir), "--hidden_cache_dir", str(tmp_path / "c")]
+    arguments += ["--save_strategy", "steps", "--save_steps", "2", "--eval_prompts", "0"]  # tiny_mtp: max_steps 4
+    sys.path.insert(0, os.path.join(REPO, "examples"))
+    try:
+        from train_drafter import main as train_main
+    finally:
+        sys.path.pop(0)
+    train_main(arguments)
+    trained = load_file(output_dir / "model.safetensors")
+    for name in os.listdir(output_dir):
+        if not name.startswith("checkpoint-"):
+            path = output_dir / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    steps = []
+    monkeypatch.setattr(AngelSpecTrainer, "training_step", lambda self, *a, **k: steps.append(1) or torch.tensor(0.0))
+    train_main(arguments)
+    assert steps == [], "no step trained past max_steps"
+    with open(output_dir / "trainer_state.json") as handle:
+        assert json.load(handle)["global_step"] == 4
+    finished = load_file(output_dir / "model.safetensors")
+    assert trained.keys() == finished.keys()
+    for name in trained:
+        torch.testing.assert_close(finished[name], trained[name], msg=name)
