@@ -13,7 +13,7 @@ from transformers.generation.candidate_generator import AssistedCandidateGenerat
 from transformers.generation.utils import GenerationMixin
 
 import angelspec_hf
-from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
+from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, SuffixDrafter
 from angelspec_hf.generation import policies
 from angelspec_hf.generation.dcut import VerifyCostModel
 
@@ -201,11 +201,22 @@ def test_a_batch_with_another_assistant_is_left_to_transformers():
         target.generate(torch.ones(2, 4, dtype=torch.long), max_new_tokens=3, prompt_lookup_num_tokens=2)
 
 
-def test_prompt_longer_than_the_context_is_refused():
-    target = make_target("llama", max_position_embeddings=32)
-    drafter = AngelSpecMTPDrafter.from_target(target)
-    with pytest.raises(ValueError, match="context of 32"):
-        target.generate(torch.ones(1, 30, dtype=torch.long), max_new_tokens=8, assistant_model=drafter)
+@pytest.mark.parametrize("kind", ["mtp", "dfly", "suffix"])
+def test_decoding_past_the_context_ends_as_plain_decoding_does(kind):
+    """Plain `generate()` decodes past `max_position_embeddings` (with transformers' warning); so does speculative
+    decoding, to the same tokens (it used to refuse)."""
+    target = make_target("llama", num_hidden_layers=2, max_position_embeddings=32)
+    drafter = {
+        "mtp": lambda: AngelSpecMTPDrafter.from_target(target, num_depths=2),
+        "dfly": lambda: DFlyDrafter.from_target(
+            target, block_size=6, num_draft_layers=2, mask_token_id=5, num_target_layers_tapped=2
+        ),
+        "suffix": lambda: SuffixDrafter.from_target(target),
+    }[kind]()
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    plain = target.generate(prompt, max_new_tokens=40, do_sample=False)
+    assert plain.shape[1] > 32, "the plain output itself goes past the context"
+    assert torch.equal(target.generate(prompt, max_new_tokens=40, do_sample=False, assistant_model=drafter), plain)
 
 
 def test_other_assistants_are_delegated_to_transformers_unchanged():

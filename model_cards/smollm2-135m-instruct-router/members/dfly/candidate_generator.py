@@ -41,12 +41,6 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
             )
         if input_ids.shape[1] == 0:
             raise ValueError("Empty prompt: speculative decoding needs at least one input token.")
-        context = getattr(target.config.get_text_config(), "max_position_embeddings", None)
-        if context is not None and generation_config.max_length > context:
-            raise ValueError(
-                f"Prompt ({input_ids.shape[1]} tokens) plus max_new_tokens needs {generation_config.max_length} "
-                f"positions, beyond the target's context of {context}."
-            )
         drafter.bind_target(target, tokenizer)
         self.drafter = drafter
         self.hidden_indices = drafter.target_hidden_state_indices()
