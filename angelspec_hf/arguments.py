@@ -139,6 +139,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--min-requests", type=positive_int, default=8, help="engine benchmark: requests per concurrency at least"
     )
     parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="engine benchmark: drafters that learn from outputs keep what earlier runs served (each run is labelled "
+        "with them); by default every run starts from the drafter as loaded",
+    )
+    parser.add_argument(
         "--prompt-lookup",
         type=non_negative_int,
         default=0,

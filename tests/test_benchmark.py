@@ -299,6 +299,17 @@ def test_each_engine_run_starts_from_the_drafter_as_loaded(smollm2_tokenizer):
     assert len(drafter.shared_index) > 0, "a run still records its outputs (as serving does)"
     drafter.forget_served_requests()
     assert len(drafter.shared_index) == 0
+    warm = run_engine_benchmark(
+        target, Ids(), [("suffix", drafter, ("constant-4",))], prompts, [2, 2], max_new_tokens=24, min_requests=4,
+        warm=True,
+    )  # fmt: skip
+    runs = [run for level in warm["concurrency"] for run in level["runs"] if run["name"] != "batched-ar"]
+    assert (
+        warm["warm"]
+        and runs[0]["served_before"] == []
+        and runs[1]["served_before"] == ["suffix[constant-4] at concurrency 2, repeat 1"]
+    )
+    assert runs[1]["tau"] > runs[0]["tau"], "a warm run drafts the answers the earlier one served"
 
 
 def test_an_engine_divergence_is_a_near_tie_only_where_the_target_hesitated():

@@ -26,11 +26,11 @@ from .bench import NEAR_TIE_GAP, top2_gap
 
 
 def engine_run(
-    target, drafter, policy: str, requests: list[Request], concurrency: int, cost_model=None
+    target, drafter, policy: str, requests: list[Request], concurrency: int, cost_model=None, warm: bool = False
 ) -> tuple[dict, list]:
     """One engine run, the drafter as loaded (`forget_served_requests`: a suffix index would otherwise hold an
-    earlier run's answers to these very prompts); returns its metrics and the outputs."""
-    if drafter is not None:
+    earlier run's answers to these very prompts) unless `warm`; returns its metrics and the outputs."""
+    if drafter is not None and not warm:
         drafter.forget_served_requests()
     engine = SpeculativeEngine(target, drafter, policy=policy, max_batch_size=concurrency, cost_model=cost_model)
     outputs = engine.generate([dataclasses.replace(r) for r in requests])
@@ -66,12 +66,14 @@ def run_engine_benchmark(
     max_new_tokens: int,
     min_requests: int = 8,
     repeats: int = 1,
+    warm: bool = False,
 ) -> dict:
     """Batched AR and every (drafter, policy) at every concurrency, on the same requests. With `repeats` > 1 the
     runs of a concurrency take turns (each repeat starting one method later), so a drift in the machine's speed touches
     every method alike; each method reports its median tokens/s, its speedup as the median over repeats of its tokens/s
     over batched AR's in the same repeat (paired, so that a slow stretch of the machine cancels), and its other metrics
-    from its median-speed repeat."""
+    from its median-speed repeat. Each run starts from the drafters as loaded; with `warm` they keep what earlier runs
+    served, and each run lists those runs (`served_before`): what its drafter had seen."""
     encoded = [encode_chat(tokenizer, prompt) for prompt in prompts]
     needed = max(max(concurrencies), min_requests)
     if len(encoded) < needed:
@@ -80,15 +82,17 @@ def run_engine_benchmark(
     rows = sorted(set(profiled_rows(max(concurrencies))) | set(concurrencies))
     uses_dcut = any(parse_label(label)[0] == "dcut" for _, _, labels in drafters for label in labels)
     cost_model = load_cost_model(target, rows=rows) if uses_dcut else None
-    warm = [Request(encoded[0], max_new_tokens=4)]
-    SpeculativeEngine(target, None, max_batch_size=1).generate(warm)
+    warm_up = [Request(encoded[0], max_new_tokens=4)]
+    SpeculativeEngine(target, None, max_batch_size=1).generate(warm_up)
     for _, drafter, policies in drafters:
         for policy in policies:
-            SpeculativeEngine(target, drafter, policy=policy, max_batch_size=1, cost_model=cost_model).generate(warm)
+            SpeculativeEngine(target, drafter, policy=policy, max_batch_size=1, cost_model=cost_model).generate(
+                warm_up
+            )
     methods = [("batched-ar", None, None)] + [
         (f"{name}[{policy}]", drafter, policy) for name, drafter, policies in drafters for policy in policies
     ]
-    levels = []
+    levels, served = [], {}  # with `warm`: per drafter, the runs it served so far
     for concurrency in tqdm(concurrencies, desc="concurrency"):
         requests = [
             Request(ids, max_new_tokens=max_new_tokens, request_id=i)
@@ -98,11 +102,13 @@ def run_engine_benchmark(
         for repeat in range(repeats):
             turn = repeat % len(methods)  # each repeat starts with the next method, so none always runs first
             for name, drafter, policy in methods[turn:] + methods[:turn]:
-                timed[name].append(
-                    engine_run(
-                        target, drafter, policy, requests, concurrency, cost_model if drafter is not None else None
-                    )
+                metrics, outputs = engine_run(
+                    target, drafter, policy, requests, concurrency, cost_model if drafter is not None else None, warm
                 )
+                if warm and drafter is not None:
+                    metrics["served_before"] = list(served.setdefault(id(drafter), []))
+                    served[id(drafter)].append(f"{name} at concurrency {concurrency}, repeat {repeat + 1}")
+                timed[name].append((metrics, outputs))
         reference = timed["batched-ar"][0][1]
         runs = []
         for name, drafter, policy in methods:
@@ -124,6 +130,7 @@ def run_engine_benchmark(
     report = {
         "max_new_tokens": max_new_tokens,
         "repeats": repeats,
+        "warm": warm,
         "concurrency": levels,
         "summary": summarize(levels),
     }
@@ -200,7 +207,8 @@ def summarize(levels: list[dict]) -> dict:
 
 def format_engine_table(report: dict) -> str:
     """Markdown: one row per (concurrency, method)."""
-    lines = [
+    warm = ["Warm runs (--warm): each drafter kept the outputs of the runs before it (served_before in the JSON).\n"]
+    lines = (warm if report.get("warm") else []) + [
         "| concurrency | method | tokens/s | vs batched AR | decode tokens/s | τ | identical to AR | peak KV cache MiB | peak RSS MiB |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -238,6 +246,7 @@ def main(args, target, drafters, prompts: list[str]) -> dict:
         args.max_new_tokens,
         args.min_requests,
         repeats=args.repeats,
+        warm=args.warm,
     )
     report["command"] = getattr(args, "command_line", None)
     report["threads"] = torch.get_num_threads()
