@@ -217,6 +217,9 @@ def test_decoding_past_the_context_ends_as_plain_decoding_does(kind):
     plain = target.generate(prompt, max_new_tokens=40, do_sample=False)
     assert plain.shape[1] > 32, "the plain output itself goes past the context"
     assert torch.equal(target.generate(prompt, max_new_tokens=40, do_sample=False, assistant_model=drafter), plain)
+    batch = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]])  # on the batched engine
+    plain = target.generate(batch, max_new_tokens=40, do_sample=False)
+    assert torch.equal(target.generate(batch, max_new_tokens=40, do_sample=False, assistant_model=drafter), plain)
 
 
 def test_other_assistants_are_delegated_to_transformers_unchanged():

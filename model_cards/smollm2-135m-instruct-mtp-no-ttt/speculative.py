@@ -117,9 +117,9 @@ def batched_speculative_decoding(
         )
         for row in rows
     ]
-    engine = SpeculativeEngine(
-        target, drafter, max_batch_size=len(requests), tokenizer=tokenizer
-    )  # the drafter's policy
+    engine = SpeculativeEngine(  # the drafter's policy; past the context as plain generate() goes
+        target, drafter, max_batch_size=len(requests), tokenizer=tokenizer, past_context=True
+    )
     outputs = engine.generate(requests)
     errors = [output.error for output in outputs if output.error]
     if errors:

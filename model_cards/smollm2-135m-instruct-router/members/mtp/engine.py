@@ -157,6 +157,7 @@ class SpeculativeEngine:
         memory_budget_bytes: most bytes the target KV cache may hold (default: half of the free memory at start);
             requests wait in the queue while admitting them would exceed it.
         cost_model: D-cut's verify-cost profile (default: this machine's, profiled and cached on first use).
+        past_context: serve requests longer than the target's `max_position_embeddings` (refused by default).
     """
 
     def __init__(
@@ -168,6 +169,7 @@ class SpeculativeEngine:
         memory_budget_bytes: int | None = None,
         cost_model=None,
         tokenizer=None,
+        past_context: bool = False,
     ):
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
@@ -184,7 +186,10 @@ class SpeculativeEngine:
             memory_budget_bytes if memory_budget_bytes is not None else available_memory_bytes(self.device) // 2
         )
         self.vocab_size = target.config.get_text_config().vocab_size
-        self.context_limit = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+        # Requests longer than the target's context are refused, as serving stacks do (vLLM's max_model_len), unless
+        # `past_context`: `generate()` on a batch decodes on past it, as plain `generate()` does.
+        context = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+        self.context_limit = None if past_context else context
         self.sliding_windows = sliding_windows(target.config)  # None: every layer attends to the whole context
         default_eos = target.generation_config.eos_token_id
         self.default_eos = (
