@@ -9,7 +9,7 @@ import torch
 from conftest import make_target
 from test_engine import flat_cost_model, make_drafter, solo_outputs
 
-from angelspec_hf import SuffixDrafter
+from angelspec_hf import RouterDrafter, SuffixDrafter
 from angelspec_hf.cache_utils import RaggedCache, sliding_windows
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
 
@@ -58,19 +58,24 @@ def test_the_window_counts_a_rows_positions_not_its_columns():
     assert mask[0].tolist() == [False, True, False, True, True, True]  # position 1 is column 1: in the window
 
 
-@pytest.mark.parametrize("model_type", ["mistral", "qwen2"])
-@pytest.mark.parametrize("kind", [None, "suffix", "mtp", "dfly"])
+@pytest.mark.parametrize(
+    "model_type, kind",
+    [(m, k) for m in ("mistral", "qwen2") for k in (None, "suffix", "mtp", "dfly")] + [("mistral", "router")],
+)
 def test_the_engine_matches_plain_decoding_on_a_windowed_target(model_type, kind, dcut_always_drafts):
     target = windowed_target(model_type)
     requests = long_requests(target.config.vocab_size, seed=1)
     references = solo_outputs(target, requests)
     if kind == "suffix":
         drafter = SuffixDrafter.from_target(target, shared_index_max_tokens=0)
+    elif kind == "router":
+        members = [make_drafter("mtp", target, oracle=False), SuffixDrafter.from_target(target)]
+        drafter = RouterDrafter.from_members(members)
     elif kind is not None:
         drafter = make_drafter(kind, target, oracle=False)
     else:
         drafter = None
-    policy = "constant-3" if kind == "suffix" else "dcut"
+    policy = "constant-3" if kind in ("suffix", "router") else "dcut"
     engine = SpeculativeEngine(target, drafter, policy=policy, max_batch_size=3, cost_model=flat_cost_model())
     outputs = engine.generate(requests)
     assert [o.output_ids for o in outputs] == [references[r.request_id] for r in requests]
