@@ -32,19 +32,13 @@ import torch  # noqa: E402
 import train_drafter  # noqa: E402
 
 from angelspec_hf import load_drafter, load_target  # noqa: E402
+from angelspec_hf.cli import DEFAULT_HELDOUT  # noqa: E402
 from angelspec_hf.prompts import check_prompt_source  # noqa: E402
 from angelspec_hf.training import estimate_on_responses  # noqa: E402
 from angelspec_hf.training.regenerate import read_responses, regenerate_responses  # noqa: E402
 
 
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-HELDOUT = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    "angelspec_hf",
-    "data",
-    "smollm2-135m-instruct",
-    "heldout_responses.jsonl.gz",
-)
 EVALUATION_SETS = "mt_bench,spec_bench,arena_hard,gsm8k_test,mbpp_test"
 
 
@@ -80,7 +74,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--limit-per-source", type=int, default=None)
     parser.add_argument("--chat-responses", default="", help="existing chat responses to train on as well")
     parser.add_argument("--code-responses", default="", help="existing code/math responses to train on as well")
-    parser.add_argument("--heldout", default=HELDOUT, help="held-out target responses for the offline τ")
+    parser.add_argument("--heldout", default=DEFAULT_HELDOUT, help="held-out target responses for the offline τ")
     parser.add_argument(
         "--recipe",
         action="append",

@@ -1,30 +1,24 @@
 """`examples/train_all.py`, the one-shot run for a lent GPU, end to end on the CPU with a tiny target: fresh data in
 both domains, MTP, DFly and DFlash trained, scored offline and saved as fp16 cards, each phase on its deadline."""
 
-import importlib
 import json
 import os
-import sys
 
 import pytest
 import torch
 from safetensors import safe_open
+from test_training import REPO, example
 
 from angelspec_hf import load_drafter
 from angelspec_hf.prompts import encode_chat
 from angelspec_hf.training.regenerate import read_responses, regenerate_responses
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, "examples", "configs")
 
 
 def train_all():
-    sys.path.insert(0, os.path.join(REPO, "examples"))
-    try:
-        return importlib.import_module("train_all")
-    finally:
-        sys.path.pop(0)
+    return example("train_all")
 
 
 @pytest.fixture
