@@ -99,17 +99,18 @@ def upload_drafter(
     revision: str | None = None,
     create_pr: bool = False,
 ):
-    """Create `repo_id` if needed and upload a drafter folder to it in one commit: `folder` as saved, or (None) the
-    drafter saved afresh; the folder's README.md is kept unless `card` is given, and `drafter_card` is written where
-    there is none. Returns the commit info."""
+    """Create `repo_id` if needed and upload the drafter to it in one commit, saved with its remote code (the package's
+    modules as they are now, so the repository loads with `trust_remote_code=True` where the package is missing) and,
+    for a router, every member inside it; the other files of `folder` (card, results, training records) go with it.
+    The folder's README.md is kept unless `card` is given, and `drafter_card` is written where there is none.
+    Returns the commit info."""
     api = HfApi(token=token)
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
     with tempfile.TemporaryDirectory() as scratch:
         staged = os.path.join(scratch, "drafter")
-        if folder is None:
-            drafter.save_pretrained(staged)
-        else:
+        if folder is not None:  # its card, results and training records beside the weights
             shutil.copytree(folder, staged)
+        drafter.save_pretrained(staged, remote_code=True)  # with its code, a router with its members in it
         if card is not None or not os.path.isfile(os.path.join(staged, "README.md")):
             (card or drafter_card(drafter, repo_id)).save(os.path.join(staged, "README.md"))
         return api.upload_folder(

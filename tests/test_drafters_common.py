@@ -3,8 +3,8 @@ DFly and the DFlash configuration of DFly. Family-specific behaviour is in test_
 
 import copy
 import glob
+import hashlib
 import os
-import shutil
 import subprocess
 import sys
 
@@ -39,6 +39,7 @@ class DrafterTesterMixin:
             for parameter in drafter.parameters():
                 parameter.normal_(0.0, 0.02)
         drafter.save_pretrained(tmp_path)
+        assert not glob.glob(f"{tmp_path}/**/*.py", recursive=True)  # no code beside the weights unless published
         assert isinstance(AutoConfig.from_pretrained(tmp_path), type(drafter.config))
         loaded = AutoModel.from_pretrained(tmp_path, dtype=torch.float64)
         assert type(loaded) is self.drafter_class
@@ -66,7 +67,7 @@ class DrafterTesterMixin:
         target.save_pretrained(tmp_path / "target")
         drafter = self.make(target, draft_vocab_size=32)
         drafter.generation_config.update(num_assistant_tokens=3, num_assistant_tokens_schedule="constant")
-        drafter.save_pretrained(tmp_path / "drafter")
+        drafter.save_pretrained(tmp_path / "drafter", remote_code=True)
         code = f"""
 import sys; sys.modules["angelspec_hf"] = None  # the package cannot be imported
 import torch
@@ -183,29 +184,18 @@ class TestDFlash(DrafterTesterMixin):
     )
 
 
-@pytest.mark.parametrize(  # a router's members are drafter folders of their own, under members/
-    "card",
-    sorted(
-        os.path.relpath(os.path.dirname(p), CARDS)
-        for p in glob.glob(f"{CARDS}/*/config.json") + glob.glob(f"{CARDS}/*/members/*/config.json")
-    ),
-)
-def test_model_card_remote_code_is_the_package_source(card, tmp_path):
-    """Each card's remote-code files are exactly what the package writes today: regenerated into a scratch folder
-    from the card's own config, and compared file by file."""
-    shutil.copy(os.path.join(CARDS, card, "config.json"), tmp_path)
-    config = AutoConfig.from_pretrained(tmp_path)
-    drafter = AutoModel.from_config(config)
-    drafter._write_remote_code(str(tmp_path))
-    written = sorted(os.path.relpath(name, tmp_path) for name in glob.glob(f"{tmp_path}/**/*.py", recursive=True))
-    shipped = sorted(
-        os.path.relpath(name, os.path.join(CARDS, card))
-        for name in glob.glob(f"{CARDS}/{card}/**/*.py", recursive=True)
-        if "/members/" not in os.path.relpath(name, CARDS)[len(card) :]
-    )
-    assert written == shipped
-    for name in written:
-        with open(tmp_path / name) as ours, open(os.path.join(CARDS, card, name)) as theirs:
-            assert ours.read() == theirs.read(), (
-                f"{card}/{name} differs from the package: refresh the card's remote code"
-            )
+def test_model_cards_hold_no_code_and_no_weights_twice():
+    """A committed card is a Hub repository as usually laid out: config, generation config, weights, card and results,
+    no copy of the package's code (that is written when a drafter is published: `save_pretrained(...,
+    remote_code=True)`, `push_to_hub`), and no weight file that another card already holds."""
+    files = [os.path.join(root, name) for root, _, names in os.walk(CARDS) for name in names]
+    assert files and not [name for name in files if name.endswith(".py")]
+    for path in glob.glob(f"{CARDS}/**/config.json", recursive=True):
+        with open(path) as handle:
+            assert "auto_map" not in handle.read(), f"{path} points at remote code it does not hold"
+    digests = {}
+    for path in glob.glob(f"{CARDS}/**/*.safetensors", recursive=True):
+        with open(path, "rb") as handle:
+            digest = hashlib.sha256(handle.read()).hexdigest()
+        assert digest not in digests, f"{path} repeats {digests.get(digest)}"
+        digests[digest] = path

@@ -277,6 +277,7 @@ WINDOWED = {  # sliding-window attention on every layer (Mistral) or on the seco
 }
 
 
+@pytest.mark.chi2
 @pytest.mark.parametrize("model_type", ["llama", *WINDOWED])
 def test_sampling_preserves_the_target_distribution(model_type):
     """The second token (the first one a verify round decides) of many sampled continuations vs its exact law

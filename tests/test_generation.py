@@ -111,6 +111,7 @@ def test_custom_generate_entry_point_matches_assistant_model():
     assert torch.equal(via_assistant, target.generate(prompt, max_new_tokens=30, do_sample=False))
 
 
+@pytest.mark.chi2
 @pytest.mark.parametrize("kind", ["mtp", "dfly"])
 def test_sampling_preserves_the_target_distribution(kind, monkeypatch, dcut_always_drafts):
     """Joint law of the first three sampled tokens vs the exact target law (chi-square), with D-cut choosing the

@@ -77,7 +77,9 @@ def test_dfly_config_over_mtp_weights_is_refused_naming_the_tensors(tmp_path):
 
 
 def test_remote_code_refuses_a_checkpoint_missing_a_tensor(tmp_path):
-    save_mtp(tmp_path, num_depths=2)
+    AngelSpecMTPDrafter.from_target(make_target("llama", num_hidden_layers=4), num_depths=2).save_pretrained(
+        tmp_path, remote_code=True
+    )
     edit_weights(tmp_path, lambda tensors: tensors.pop("norm.weight"))
     code = (
         "import sys; sys.modules['angelspec_hf'] = None\n"  # the package cannot be imported: the copied code loads

@@ -31,10 +31,11 @@ STEEP_PROFILE = VerifyCostModel(
     rows=[1, 4], tokens=[1, 2, 3, 4], seconds=[[1.0, 1.5, 1.8, 2.1], [1.0, 1.1, 1.2, 1.3]], context=0
 )
 VOCAB, PROMPT = 5, [1, 2, 3]
-# D-cut's cases, where a cut reading the drafted token would bias the law subtly, draw 4,000 continuations (the old
-# cut failed them at p = 6e-43 with 5,000); the constant and heuristic schedules (plain rejection sampling, where a
-# fault shows at once) 2,500.
-SAMPLES = {"dcut": 4000, "constant": 2500, "heuristic": 2500}
+# D-cut's cases, where a cut reading the drafted token would bias the law subtly, draw 2,500 continuations: the old
+# cut failed them at p = 6e-43 with 5,000, and χ²'s excess over its degrees of freedom grows linearly with the count,
+# so a bias that large is missed at 2,500 with probability below 1e-5 (noncentral χ², 40-100 cells). The constant and
+# heuristic schedules (plain rejection sampling, where a fault shows at once) draw 1,500.
+SAMPLES = {"dcut": 2500, "constant": 1500, "heuristic": 1500}
 SCHEDULES = ["dcut", "constant", "heuristic"]
 PATHS = ["generate", "engine-1", "engine-4"]
 
@@ -176,11 +177,12 @@ def check_sampled_law(kind, schedule, path, drafting, profile, case, monkeypatch
     assert_target_law(counts, exact_law(target))
 
 
+@pytest.mark.chi2
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("kind", ["mtp", "dfly", "suffix", "router"])
 def test_sampling_keeps_the_target_law_under_every_schedule_and_path(kind, schedule, path, monkeypatch):
-    """2,500-4,000 sampled continuations per case, target, drafter weights and seed changing from case to case. D-cut
+    """1,500-2,500 sampled continuations per case, target, drafter weights and seed changing from case to case. D-cut
     drafts from a fixed law under a steep verify cost, where a cut reading the token it judges would bias the output
     (`FixedLawDrafting`); the other schedules alternate a peaked random drafter with an adversarial one (N(0, 5²)
     weights: confidently wrong, so rejection sampling does most of the work). The suffix drafter drafts from its
@@ -193,6 +195,7 @@ def test_sampling_keeps_the_target_law_under_every_schedule_and_path(kind, sched
     check_sampled_law(kind, schedule, path, drafting, profile, case, monkeypatch)
 
 
+@pytest.mark.chi2
 def test_dcut_sampling_with_an_adversarial_drafter_and_this_machines_profile(monkeypatch):
     """D-cut's own pricing decides which rounds draft (exploring the unknown drafter first), not a pin."""
     check_sampled_law(

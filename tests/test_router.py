@@ -4,6 +4,7 @@ sampled law is tested in test_lossless.py."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -215,7 +216,7 @@ def test_save_and_load_keep_every_member_and_load_with_remote_code(tmp_path):
     router = make_router(target)
     router.members[2].record_output([1, 2, 3, 4, 5])
     router.generation_config.update(num_assistant_tokens=4, num_assistant_tokens_schedule="heuristic")
-    router.save_pretrained(tmp_path)
+    router.save_pretrained(tmp_path, remote_code=True)
     loaded = AutoModel.from_pretrained(tmp_path)
     assert type(loaded) is RouterDrafter and loaded.member_names == ["mtp", "dfly", "suffix"]
     assert [type(m) for m in loaded.members] == [AngelSpecMTPDrafter, DFlyDrafter, SuffixDrafter]
@@ -237,6 +238,40 @@ def test_save_and_load_keep_every_member_and_load_with_remote_code(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "RouterDrafter ['AngelSpecMTPDrafter', 'DFlyDrafter', 'SuffixDrafter']" in result.stdout
+
+
+def test_a_router_names_members_saved_on_their_own_instead_of_holding_their_weights_again(tmp_path):
+    """`member_paths` names members already saved elsewhere (a folder relative to the router's): only the others are
+    written under members/. Saved again without it, the router holds every member; a named member that is gone is
+    an error naming it, and a reference to no drafter is refused before anything is written."""
+    target = make_target("llama", num_hidden_layers=4)
+    router = make_router(target)
+    for name, member in zip(router.member_names, router.members):
+        member.save_pretrained(tmp_path / name)
+    router.save_pretrained(tmp_path / "router", member_paths={"mtp": "../mtp", "dfly": "../dfly"})
+    assert os.listdir(tmp_path / "router" / "members") == ["suffix"]
+    assert json.loads((tmp_path / "router" / "config.json").read_text())["member_paths"] == [
+        "../mtp",
+        "../dfly",
+        "members/suffix",
+    ]
+    loaded = AutoModel.from_pretrained(tmp_path / "router")
+    for (name, ours), (_, theirs) in zip(router.state_dict().items(), loaded.state_dict().items()):
+        torch.testing.assert_close(ours.float(), theirs.float(), msg=name)
+    prompt = torch.tensor([[3, 5, 7, 9]])
+    expected = target.generate(prompt, max_new_tokens=12, do_sample=False)
+    assert torch.equal(target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=loaded), expected)
+    loaded.save_pretrained(tmp_path / "whole" / "router")
+    assert sorted(os.listdir(tmp_path / "whole" / "router" / "members")) == ["dfly", "mtp", "suffix"]
+    shutil.rmtree(tmp_path / "mtp")
+    with pytest.raises(FileNotFoundError, match="member 'mtp'"):
+        AutoModel.from_pretrained(tmp_path / "router")
+    assert type(AutoModel.from_pretrained(tmp_path / "whole" / "router")) is RouterDrafter
+    with pytest.raises(ValueError, match="no drafter folder there"):
+        router.save_pretrained(tmp_path / "bad", member_paths={"mtp": "../nowhere"})
+    with pytest.raises(ValueError, match="not members of this router"):
+        router.save_pretrained(tmp_path / "bad", member_paths={"eagle": "../dfly"})
+    assert not (tmp_path / "bad").exists()
 
 
 @pytest.mark.parametrize("name", ["../../outside_member", "/tmp/absolute_member", "a/b", "..", "", "sub\\dir"])

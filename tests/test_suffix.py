@@ -174,7 +174,7 @@ def test_loads_and_generates_with_remote_code_where_the_package_is_missing(tmp_p
     target = make_target("llama", num_hidden_layers=4)
     drafter = SuffixDrafter.from_target(target)
     drafter.record_output([1, 2, 3, 4, 5])
-    drafter.save_pretrained(tmp_path)
+    drafter.save_pretrained(tmp_path, remote_code=True)
     code = (
         "import sys; sys.modules['angelspec_hf'] = None\n"
         "from transformers import AutoModel\n"

@@ -624,15 +624,16 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
 
     # -- checkpoints ----------------------------------------------------------------------------------------------
 
-    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, remote_code: bool = False, **kwargs) -> None:
         """Save weights, config and generation config (the drafting settings `generate()` reads: verify policy and
-        tokens per round) — never the target's embedding or lm_head — atomically, with remote code.
+        tokens per round) — never the target's embedding or lm_head — atomically.
 
         Files are written to a staging folder beside `save_directory` and moved in only once all exist, config
         last, so an interrupted save never leaves a half-written checkpoint. Saves into one parent folder take turns
         (`folder_lock`), and each clears the staging folders that killed saves left there.
-        The folder also gets the drafter's source files and an `auto_map`, so it loads with `trust_remote_code=True`
-        where this package is missing.
+        With `remote_code=True` (what `push_to_hub` publishes) the folder also gets the package's code and an
+        `auto_map`, so it loads with `trust_remote_code=True` where this package is not installed; without, it
+        holds no code and loads where the package is imported, as a Hub model of a built-in architecture does.
         """
         push_to_hub = kwargs.pop("push_to_hub", False)
         hub_options = {key: kwargs.pop(key) for key in _HUB_OPTIONS if key in kwargs}
@@ -645,8 +646,8 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
                 for entry in os.listdir(save_directory):
                     if re.fullmatch(r"\.(.+)\.old-[^/]+", entry):
                         shutil.rmtree(os.path.join(save_directory, entry), ignore_errors=True)
-            self._save_staged(save_directory, parent, *args, **kwargs)
-        if push_to_hub:  # the folder as saved, code and card included, to the repository named after it
+            self._save_staged(save_directory, parent, *args, remote_code=remote_code, **kwargs)
+        if push_to_hub:  # the drafter as saved, with its code, and the folder's card, to the repository named after it
             self.push_to_hub(
                 hub_options.pop("repo_id", os.path.basename(save_directory)), folder=save_directory, **hub_options
             )
@@ -680,14 +681,14 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
             raise TypeError(f"push_to_hub got unexpected options {unknown}; it takes {sorted(_HUB_OPTIONS)}")
         return upload_drafter(self, repo_id, folder=folder, card=card, **options)
 
-    def write_checkpoint(self, directory: str, *args, **kwargs) -> None:
-        """Everything a checkpoint holds (weights, config, generation config, remote code), written into
-        `directory`; `save_pretrained` makes it atomic."""
+    def write_checkpoint(self, directory: str, *args, remote_code: bool = False, **kwargs) -> None:
+        """Everything a checkpoint holds (weights, config, generation config, the target's tokenizer when bound; the
+        package's code with `remote_code`), written into `directory`; `save_pretrained` makes it atomic."""
         self.prepare_for_saving()
         PreTrainedModel.save_pretrained(self, directory, *args, **kwargs)
         self.generation_config.save_pretrained(directory)  # transformers saves it only for models that generate
         self.save_target_tokenizer(directory)
-        self._write_remote_code(directory)
+        self._set_auto_map(directory, self.write_remote_code(directory) if remote_code else None)
 
     def save_target_tokenizer(self, directory: str) -> None:
         """The tokenizer the drafter was bound with, if any: `pipeline(..., assistant_model=<path or id>)` loads the
@@ -699,9 +700,11 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         """The package modules this drafter's remote code needs besides `base` and its helpers."""
         return [importlib.import_module(type(self).__module__), importlib.import_module(type(self.config).__module__)]
 
-    def _write_remote_code(self, directory: str) -> None:
+    def write_remote_code(self, directory: str) -> dict:
         """Copy this drafter's configuration/modeling files and their package helpers, flattened into one folder, and
-        the draft-verify entry point as `custom_generate/generate.py` (`generation/hub_generate.py`)."""
+        the draft-verify entry point as `custom_generate/generate.py` (`generation/hub_generate.py`); returns the
+        `auto_map` that names its classes there. Written when a drafter is published, from the package as it is
+        then, never kept beside the package's own source."""
         package = os.path.dirname(os.path.abspath(__file__))
         model_module = importlib.import_module(type(self).__module__)
         config_module = importlib.import_module(type(self.config).__module__)
@@ -717,13 +720,21 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
             os.path.join(os.path.dirname(package), "generation", "hub_generate.py"),
             os.path.join(directory, "custom_generate", "generate.py"),
         )
-        config_path = os.path.join(directory, "config.json")
-        with open(config_path) as handle:
-            config = json.load(handle)
-        config["auto_map"] = {
+        return {
             "AutoConfig": f"{config_module.__name__.rsplit('.', 1)[-1]}.{type(self.config).__name__}",
             "AutoModel": f"{model_module.__name__.rsplit('.', 1)[-1]}.{type(self).__name__}",
         }
+
+    @staticmethod
+    def _set_auto_map(directory: str, auto_map: dict | None) -> None:
+        """Name the remote code's classes in the folder's config.json, or (None) drop an `auto_map` the config was
+        loaded with, so that a folder without code never points at code it lacks."""
+        config_path = os.path.join(directory, "config.json")
+        with open(config_path) as handle:
+            config = json.load(handle)
+        config.pop("auto_map", None)
+        if auto_map is not None:
+            config["auto_map"] = auto_map
         with open(config_path, "w") as handle:
             json.dump(config, handle, indent=2, sort_keys=True)
 

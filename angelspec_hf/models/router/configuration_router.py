@@ -30,6 +30,9 @@ class RouterDrafterConfig(AngelSpecDrafterConfig):
         members (`list[dict]`): each member's config (`config.to_dict()`, `model_type` included); the members'
             weights are the router's, under `members.<i>.`.
         member_names (`list[str]`, *optional*): a name per member (default: each member's family, e.g. `mtp`).
+        member_paths (`list[str]`, *optional*): where each member's checkpoint is: `members/<name>` inside the
+            router's folder (the default), another folder relative to the router's, or a Hub id; a router that names
+            drafters published on their own does not hold a second copy of their weights.
         num_draft_tokens (`int`, *optional*): most tokens per round (default: the most any member drafts by default).
         explore_tokens (`int`, defaults to 64): a request re-tries a member that has not drafted it for this many
             verified tokens, so its estimate of every member stays current.
@@ -42,6 +45,7 @@ class RouterDrafterConfig(AngelSpecDrafterConfig):
         self,
         members: list[dict] | None = None,
         member_names: list[str] | None = None,
+        member_paths: list[str] | None = None,
         num_draft_tokens: int | None = None,
         explore_tokens: int = 64,
         **kwargs,
@@ -57,10 +61,17 @@ class RouterDrafterConfig(AngelSpecDrafterConfig):
         ):
             raise ValueError(f"member_names must name each of the {len(members)} members once, got {member_names!r}")
         check_member_names(member_names or [])
+        if member_paths is not None and (
+            len(member_paths) != len(members) or not all(isinstance(path, str) and path for path in member_paths)
+        ):
+            raise ValueError(
+                f"member_paths must give a path for each of the {len(members)} members, got {member_paths!r}"
+            )
         if num_draft_tokens is not None:
             check_int("num_draft_tokens", num_draft_tokens)
         check_int("explore_tokens", explore_tokens)
         self.members = members
         self.member_names = list(member_names) if member_names is not None else None
+        self.member_paths = list(member_paths) if member_paths is not None else None
         self.num_draft_tokens = num_draft_tokens
         self.explore_tokens = explore_tokens

@@ -80,6 +80,42 @@ MAX_TRY_BACKOFF = 32  # most new requests a member that keeps losing its tries s
 TRY_SHARE = 0.05  # most of a request's decoding time so far that a try's catch-up (reading its backlog) may cost
 
 
+def _is_hub_id(path: str) -> bool:
+    return len(path.split("/")) == 2 and ".." not in path.split("/") and not os.path.isabs(path)
+
+
+def _member_location(router: str, name: str, where: str) -> tuple[str, dict]:
+    """Where to load member `name` from, given the router's folder or Hub id and the member's path in its config:
+    (folder or Hub id, `subfolder` option). A Hub router's member is under its `members/` or another Hub id."""
+    if os.path.isdir(router):
+        folder = os.path.normpath(os.path.join(router, where))
+        if os.path.isdir(folder):
+            return folder, {}
+        if _is_hub_id(where):
+            return where, {}
+        raise FileNotFoundError(
+            f"Router {router!r}: member {name!r} is at {where!r}, and there is no folder {folder!r}"
+        )
+    parts = where.split("/")
+    if parts[0] == MEMBERS_FOLDER and len(parts) == 2:
+        return router, {"subfolder": where}
+    if _is_hub_id(where):
+        return where, {}
+    raise ValueError(
+        f"Router {router!r}: member {name!r} at {where!r} is neither under {MEMBERS_FOLDER}/ nor a Hub id"
+    )
+
+
+def _check_member_reference(directory: str, name: str, path) -> None:
+    """A member saved by reference must already be there: a drafter folder relative to `directory`, or a Hub id."""
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"member_paths[{name!r}] must be a folder or a Hub id, got {path!r}")
+    if not os.path.isfile(os.path.join(directory, path, "config.json")) and not _is_hub_id(path):
+        raise ValueError(
+            f"member_paths[{name!r}] = {path!r}: no drafter folder there (relative to {directory!r}) and not a Hub id"
+        )
+
+
 def _average(old: float | None, new: float, first: float | None = None, weight: float = AVERAGE) -> float:
     """Running average (`weight` on the newest); the first observation is averaged with `first` (a prior) when one
     is given."""
@@ -168,7 +204,7 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
     """Member drafters of one target behind one `assistant_model`, routed per request and round (module docstring).
 
     Build one with `RouterDrafter.from_members([mtp, dfly, suffix])`; it saves and loads as one folder, its config
-    naming its members. Drafts are in the target's vocabulary (each member's mapped through its own draft vocabulary).
+    naming its members (held under `members/`, or saved on their own: `save_pretrained(dir, member_paths=...)`). Drafts are in the target's vocabulary (each member's mapped through its own draft vocabulary).
     """
 
     config_class = RouterDrafterConfig
@@ -294,35 +330,57 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             ]
         return modules
 
-    def write_checkpoint(self, directory: str, *args, **kwargs) -> None:
-        """The router's config and generation config, each member as a drafter folder of its own under
-        `members/<name>/` (weights, config, remote code: it loads alone too), and the router's remote code."""
+    def write_checkpoint(
+        self, directory: str, *args, remote_code: bool = False, member_paths: dict | None = None, **kwargs
+    ) -> None:
+        """The router's config and generation config, and each member as a drafter folder of its own under
+        `members/<name>/` (it loads alone too) — except the members `member_paths` names (`{name: path}`, a folder
+        relative to `directory` or a Hub id, where that member is already saved): those are only named in the config,
+        their weights not written again. With `remote_code`, the package's code for the router and its members."""
         check_member_names(self.member_names)  # before anything is written
+        references = dict(member_paths or {})
+        unknown = sorted(set(references) - set(self.member_names))
+        if unknown:
+            raise ValueError(f"member_paths names {unknown}, not members of this router ({self.member_names})")
+        for name, path in references.items():
+            _check_member_reference(directory, name, path)
+        paths = []
         for name, member in zip(self.member_names, self.members):
-            member.write_checkpoint(os.path.join(directory, MEMBERS_FOLDER, name), *args, **kwargs)
-        self.config.members = [member.config.to_dict() for member in self.members]
+            if name in references:
+                paths.append(references[name])
+            else:
+                member.write_checkpoint(
+                    os.path.join(directory, MEMBERS_FOLDER, name), *args, remote_code=remote_code, **kwargs
+                )
+                paths.append(f"{MEMBERS_FOLDER}/{name}")
+        provenance = ("auto_map", "_name_or_path")  # where a member was loaded from is not part of its config
+        self.config.members = [
+            {key: value for key, value in member.config.to_dict().items() if key not in provenance}
+            for member in self.members
+        ]
         self.config.member_names = list(self.member_names)
+        self.config.member_paths = paths
         self.config.save_pretrained(directory)
         self.generation_config.save_pretrained(directory)
         self.save_target_tokenizer(directory)
-        self._write_remote_code(directory)
+        self._set_auto_map(directory, self.write_remote_code(directory) if remote_code else None)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        """The router's config, then each member from `members/<name>/` (a local folder or a Hub repository's
-        subfolder), refused with the member's own error if its checkpoint is not what its config says."""
+        """The router's config, then each member from where `member_paths` says (`members/<name>/` of the router's
+        folder or Hub repository by default), refused with the member's own error if its checkpoint is not what its
+        config says."""
         path = str(pretrained_model_name_or_path)
         config = kwargs.pop("config", None) or cls.config_class.from_pretrained(path)
         options = {key: kwargs[key] for key in ("dtype", "torch_dtype", "device_map") if key in kwargs}
         if not config.member_names or len(config.member_names) != len(config.members):
             raise ValueError(f"Router checkpoint {path!r} does not name its members (member_names in config.json)")
+        paths = config.member_paths or [f"{MEMBERS_FOLDER}/{name}" for name in config.member_names]
         members = []
-        for name, member_config in zip(config.member_names, config.members):
+        for name, member_config, where in zip(config.member_names, config.members, paths):
             config_class, model_class = MEMBER_CLASSES[member_config["model_type"]]
-            if os.path.isdir(path):
-                members.append(model_class.from_pretrained(os.path.join(path, MEMBERS_FOLDER, name), **options))
-            else:
-                members.append(model_class.from_pretrained(path, subfolder=f"{MEMBERS_FOLDER}/{name}", **options))
+            location, subfolder = _member_location(path, name, where)
+            members.append(model_class.from_pretrained(location, **subfolder, **options))
         router = cls(config, members=members)
         try:
             router.generation_config = GenerationConfig.from_pretrained(path)
