@@ -31,8 +31,8 @@ class UsageError(ValueError):
 
 
 def _regenerate(args: argparse.Namespace) -> None:
-    from .generation.dcut import load_cost_model
     from .generation.policies import profiled_rows
+    from .generation.verify_cost import load_cost_model
     from .training.regenerate import regenerate_responses
 
     target = load_target_from_args(args)
@@ -122,8 +122,8 @@ def _suite(args: argparse.Namespace) -> None:
 
 
 def _profile(args: argparse.Namespace) -> None:
-    from .generation.dcut import cost_model_path, profile_verify_cost
     from .generation.kernels import tune_linear_kernels
+    from .generation.verify_cost import cost_model_path, profile_verify_cost
     from .targets import load_target
 
     # loaded plain, then the kernel plan measured once (first: the verify cost is the tuned model's)

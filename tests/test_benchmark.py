@@ -216,7 +216,7 @@ def test_engine_bench_reports_every_policy_at_every_concurrency(smollm2_tokenize
 
 
 def test_profile_command_writes_a_cost_model(smollm2_tokenizer, tmp_path, capsys):
-    from angelspec_hf.generation.dcut import VerifyCostModel
+    from angelspec_hf.generation.verify_cost import VerifyCostModel
 
     target = make_target("llama", vocab_size=len(smollm2_tokenizer), dtype=torch.float32, seed=4)
     target.save_pretrained(tmp_path / "target")

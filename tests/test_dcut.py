@@ -9,8 +9,9 @@ import torch
 from conftest import make_target
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
-from angelspec_hf.generation import dcut, policies
-from angelspec_hf.generation.dcut import ConfidenceCalibrator, VerifyCostModel, dcut_depths, prefix_confidence
+from angelspec_hf.generation import policies, verify_cost
+from angelspec_hf.generation.dcut import ConfidenceCalibrator, dcut_depths, prefix_confidence
+from angelspec_hf.generation.verify_cost import VerifyCostModel
 
 
 def rate(depths, confidences, cost, draft_seconds):
@@ -96,12 +97,14 @@ def test_cost_model_interpolates_and_round_trips(tmp_path):
 def test_missing_profile_is_measured_once_and_cached(tmp_path, monkeypatch):
     target = make_target("qwen2", seed=9, dtype=torch.float32)
     path = str(tmp_path / "cost.json")
-    model = dcut.load_cost_model(target, path)
-    assert os.path.exists(path) and len(model.seconds[0]) == len(dcut.PROFILED_TOKENS)
+    model = verify_cost.load_cost_model(target, path)
+    assert os.path.exists(path) and len(model.seconds[0]) == len(verify_cost.PROFILED_TOKENS)
     assert all(value > 0 for value in model.seconds[0]) and model.machine["threads"] == torch.get_num_threads()
-    dcut._LOADED.clear()
-    monkeypatch.setattr(dcut, "profile_verify_cost", lambda *a, **k: pytest.fail("a cached profile was re-measured"))
-    assert dcut.load_cost_model(target, path) == model
+    verify_cost._LOADED.clear()
+    monkeypatch.setattr(
+        verify_cost, "profile_verify_cost", lambda *a, **k: pytest.fail("a cached profile was re-measured")
+    )
+    assert verify_cost.load_cost_model(target, path) == model
 
 
 @pytest.mark.parametrize(
@@ -112,7 +115,7 @@ def test_unreadable_profile_falls_back_to_profiling_with_a_warning(tmp_path, con
     path = tmp_path / "cost.json"
     path.write_text(content)
     with pytest.warns(UserWarning, match="unreadable"):
-        model = dcut.load_cost_model(target, str(path))
+        model = verify_cost.load_cost_model(target, str(path))
     assert VerifyCostModel.load(str(path)) == model
 
 
@@ -209,7 +212,7 @@ def test_invalid_profile_values_are_re_measured_with_a_warning(tmp_path, change)
     with open(path, "w") as stream:
         json.dump(data, stream)
     with pytest.warns(UserWarning, match="not a valid verify-cost profile"):
-        model = dcut.load_cost_model(target, path)
+        model = verify_cost.load_cost_model(target, path)
     assert model.problem() is None and model.rows == [1] and VerifyCostModel.load(path) == model
 
 
@@ -218,7 +221,7 @@ def test_an_unwritable_profile_cache_warns_and_goes_on(tmp_path):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the cache folder should be")
     with pytest.warns(UserWarning, match="Could not cache the verify-cost profile"):
-        model = dcut.load_cost_model(target, str(blocker / "verify_cost" / "cost.json"))
+        model = verify_cost.load_cost_model(target, str(blocker / "verify_cost" / "cost.json"))
     assert model.problem() is None and model(1, 2) > 0
 
 
@@ -226,13 +229,14 @@ def test_profiling_refuses_empty_or_zero_sizes_before_measuring():
     target = make_target("qwen2", seed=9, dtype=torch.float32)
     for rows, tokens, repeats in [([0], [1], 1), ([1], [0], 1), ([], [1], 1), ([1], [1], 0)]:
         with pytest.raises(ValueError, match="rows|tokens|repeats"):
-            dcut.profile_verify_cost(target, rows=rows, tokens=tokens, repeats=repeats, progress=False)
+            verify_cost.profile_verify_cost(target, rows=rows, tokens=tokens, repeats=repeats, progress=False)
 
 
 def test_the_early_exit_weighs_no_steps_beyond_what_the_drafter_of_the_rows_can_take():
     """A router member drafts at most its own tokens per round, fewer than the router's round allows; D-cut's early
     exit must not keep it drafting for steps it can never take (a suffix member kept drafting a third more steps)."""
-    from angelspec_hf.generation.dcut import ConfidenceCalibrator, DraftRound
+    from angelspec_hf.generation.dcut import ConfidenceCalibrator
+    from angelspec_hf.generation.draft_round import DraftRound
 
     drafting = DraftRound(torch.ones(1), sampled=[False])
     for _ in range(2):

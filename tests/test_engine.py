@@ -10,8 +10,9 @@ from conftest import ARCHITECTURES, make_target
 from oracles import BatchOracleDFly, BatchOracleMTP
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
-from angelspec_hf.generation.dcut import DraftRound, VerifyCostModel
+from angelspec_hf.generation.draft_round import DraftRound
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
+from angelspec_hf.generation.verify_cost import VerifyCostModel
 
 
 def make_drafter(kind, target, oracle=True):
@@ -357,18 +358,18 @@ def test_generate_with_a_batch_refuses_what_it_cannot_reproduce():
 
 
 def test_engine_with_a_corrupt_cost_profile_reprofiles_over_its_batch_sizes_with_a_warning():
-    from angelspec_hf.generation import dcut
+    from angelspec_hf.generation import verify_cost
 
     target = make_target("llama", num_hidden_layers=2, dtype=torch.float32, seed=21)
-    path = dcut.cost_model_path(target)
+    path = verify_cost.cost_model_path(target)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as handle:
         handle.write("{corrupt")
-    dcut._LOADED.clear()
+    verify_cost._LOADED.clear()
     with pytest.warns(UserWarning, match="unreadable"):
         engine = SpeculativeEngine(target, make_drafter("mtp", target, oracle=False), max_batch_size=6)
     assert engine.policy.cost_model.rows == [1, 2, 4, 6]
-    assert dcut.VerifyCostModel.load(path).rows == [1, 2, 4, 6]
+    assert verify_cost.VerifyCostModel.load(path).rows == [1, 2, 4, 6]
 
 
 def test_numpy_integer_token_ids_and_settings_are_accepted():

@@ -15,7 +15,7 @@ from transformers.generation.utils import GenerationMixin
 import angelspec_hf
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, SuffixDrafter
 from angelspec_hf.generation import policies
-from angelspec_hf.generation.dcut import VerifyCostModel
+from angelspec_hf.generation.verify_cost import VerifyCostModel
 
 
 def random_prompt(length, vocab_size, seed):

@@ -12,7 +12,7 @@ from conftest import make_target
 from oracles import OracleMTPDrafter
 from torch import nn
 
-from angelspec_hf.generation import dcut, kernels
+from angelspec_hf.generation import kernels, measurements, verify_cost
 from angelspec_hf.generation.kernels import (
     LinearKernelPlan,
     TunedLinear,
@@ -64,15 +64,15 @@ def test_the_plan_takes_a_larger_row_count_or_the_other_kernel_only_when_it_is_f
 def test_tuning_turns_every_linear_into_a_tuned_one_and_untuning_restores_them(tmp_path):
     target = make_target("qwen2")
     state = {name: tensor.clone() for name, tensor in target.state_dict().items()}
-    plain_path = dcut.cost_model_path(target)
+    plain_path = verify_cost.cost_model_path(target)
     plan = tune_linear_kernels(target, path=saved_plan(tmp_path, {1: ("w_xt", 2)}))
     linears = [m for m in target.modules() if isinstance(m, nn.Linear)]
     assert linears and all(type(m) is TunedLinear for m in linears) and installed_plan(target) == plan
-    assert dcut.cost_model_path(target) != plain_path  # D-cut's profile is of the tuned model
-    assert dcut.machine_description(target)["linear_kernels"] == plan.fingerprint()
+    assert verify_cost.cost_model_path(target) != plain_path  # D-cut's profile is of the tuned model
+    assert measurements.machine_description(target)["linear_kernels"] == plan.fingerprint()
     untune_linear_kernels(target)
     assert all(type(m) is nn.Linear for m in linears) and installed_plan(target) is None
-    assert dcut.cost_model_path(target) == plain_path
+    assert verify_cost.cost_model_path(target) == plain_path
     assert all(torch.equal(state[name], tensor) for name, tensor in target.state_dict().items())
 
 

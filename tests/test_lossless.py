@@ -11,9 +11,10 @@ from oracles import FixedLawDFly, FixedLawMTP
 from scipy.stats import chisquare
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, RouterDrafter, SuffixDrafter
-from angelspec_hf.generation import dcut, policies
-from angelspec_hf.generation.dcut import ConfidenceCalibrator, VerifyCostModel, dcut_depths
+from angelspec_hf.generation import dcut, draft_round, policies
+from angelspec_hf.generation.dcut import ConfidenceCalibrator, dcut_depths
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
+from angelspec_hf.generation.verify_cost import VerifyCostModel
 
 
 # The shape of this machine's verify profile (one row: 34 ms for 1 token ... 84 ms for 32, README), the 4-row line
@@ -261,8 +262,8 @@ def test_a_garbage_drafter_never_changes_or_stops_the_targets_output(kind, garba
 
 
 def test_non_finite_draft_scores_warn_once_and_are_never_verified():
-    drafting = dcut.DraftRound(torch.ones(2), sampled=[False, True])
-    monkey_warned, dcut._warned_non_finite = dcut._warned_non_finite, False
+    drafting = draft_round.DraftRound(torch.ones(2), sampled=[False, True])
+    monkey_warned, draft_round._warned_non_finite = draft_round._warned_non_finite, False
     try:
         with pytest.warns(RuntimeWarning, match="non-finite"):
             drafting.choose(torch.tensor([[1.0, 2.0, 0.5], [float("nan"), 0.0, 1.0]]))
@@ -270,7 +271,7 @@ def test_non_finite_draft_scores_warn_once_and_are_never_verified():
             warnings.simplefilter("error")
             drafting.choose(torch.tensor([[1.0, 2.0, 0.5], [0.0, 0.0, 1.0]]))  # warned once only
     finally:
-        dcut._warned_non_finite = monkey_warned
+        draft_round._warned_non_finite = monkey_warned
     assert drafting.usable_steps() == [2, 0]  # once broken, a row's later steps are not verified either
     assert torch.equal(drafting.confidence()[1], torch.zeros(2, dtype=torch.float64))
 
@@ -427,7 +428,7 @@ def test_soak_a_thousand_mixed_requests_arriving_at_random():
 def test_greedy_confidence_is_the_prefix_product_of_section_4():
     """A greedy row's token is the argmax, so E[q] is replaced by max q = q(x): greedy D-cut decides as before."""
     logits = torch.randn(3, 4, 7, generator=torch.Generator().manual_seed(0)) * 3
-    drafting = dcut.DraftRound(torch.ones(3), sampled=[False] * 3)
+    drafting = draft_round.DraftRound(torch.ones(3), sampled=[False] * 3)
     for step in range(4):
         drafting.choose(logits[:, step])
     chosen = logits.softmax(-1).max(-1).values

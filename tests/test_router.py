@@ -15,8 +15,9 @@ from conftest import ARCHITECTURES, make_target
 from transformers import AutoModel
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, RouterDrafter, SuffixDrafter
-from angelspec_hf.generation.dcut import DraftRound, VerifyCostModel
+from angelspec_hf.generation.draft_round import DraftRound
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
+from angelspec_hf.generation.verify_cost import VerifyCostModel
 from angelspec_hf.models.router.modeling_router import FREE_ROUND_GAIN, TRY_SHARE
 
 

@@ -14,9 +14,9 @@ from transformers import AutoModel
 import angelspec_hf
 from angelspec_hf import SuffixDrafter
 from angelspec_hf.generation import policies
-from angelspec_hf.generation.dcut import VerifyCostModel
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
 from angelspec_hf.generation.policies import DrafterEstimates
+from angelspec_hf.generation.verify_cost import VerifyCostModel
 from angelspec_hf.models.suffix.modeling_suffix import (
     FREE_ROUND_GAIN,
     SharedIndex,

@@ -17,9 +17,9 @@ import statistics
 import torch
 from transformers.utils.logging import tqdm  # honours transformers.utils.logging.disable_progress_bar()
 
-from ..generation.dcut import load_cost_model
 from ..generation.engine import Request, SpeculativeEngine
 from ..generation.policies import parse_label, profiled_rows
+from ..generation.verify_cost import load_cost_model
 from ..metrics import SpeculationStats
 from ..prompts import encode_chat
 from .bench import NEAR_TIE_GAP, top2_gap

@@ -36,7 +36,7 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 
 from ..cache_utils import RaggedCache, pad_pending, sliding_windows
 from ..metrics import SpeculationStats
-from .dcut import DraftRound
+from .draft_round import DraftRound
 from .policies import RowState, VerifyPolicy, draft_round, resolve_policy
 
 

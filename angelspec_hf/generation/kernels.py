@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .dcut import cache_path, keep_cached, machine_description, read_cached, write_json_atomically
+from .measurements import cache_path, keep_cached, machine_description, read_cached, write_json_atomically
 
 
 def _weight_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,9 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from .dcut import ConfidenceCalibrator, DraftRound, VerifyCostModel, dcut_depths, load_cost_model
+from .dcut import ConfidenceCalibrator, dcut_depths
+from .draft_round import DraftRound
+from .verify_cost import VerifyCostModel, load_cost_model
 
 
 EXPLORATION_SHARE = 0.02  # most of a run's expected decoding time D-cut spends on drafting it does not expect to pay

@@ -276,6 +276,9 @@ REMOTE_CODE_HELPERS = (
     "generation/engine.py",
     "generation/policies.py",
     "generation/dcut.py",
+    "generation/draft_round.py",
+    "generation/measurements.py",
+    "generation/verify_cost.py",
     "generation/kernels.py",
     "generation/timing.py",
 )

@@ -1,0 +1,73 @@
+"""Measurements of this machine kept between runs (the verify-cost profile, the linear-kernel plan): keyed by what
+they depend on, written atomically, re-measured with a warning when what is cached cannot be read."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import warnings
+from typing import Callable
+
+import torch
+
+
+def machine_description(target) -> dict:
+    """What a latency profile depends on: the target's shape and precision, the device, threads, torch, and the
+    linear-kernel plan its layers follow (`kernels.tune_linear_kernels`, whose tuned layers carry it; "default":
+    none)."""
+    config = target.config.get_text_config()
+    plan = next((module.kernel_plan for module in target.modules() if hasattr(module, "kernel_plan")), None)
+    return {
+        "target": getattr(config, "_name_or_path", "") or config.model_type,
+        "model_type": config.model_type,
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "vocab_size": config.vocab_size,
+        "dtype": str(target.dtype),
+        "device": str(target.device),
+        "processor": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "linear_kernels": plan.fingerprint() if plan is not None else "default",
+    }
+
+
+def cache_path(kind: str, target) -> str:
+    """Where a measurement of `kind` of `target` on this machine is cached (`$ANGELSPEC_CACHE`, default
+    ~/.cache/angelspec_hf), keyed by `machine_description`."""
+    root = os.environ.get("ANGELSPEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "angelspec_hf")
+    key = hashlib.sha1(json.dumps(machine_description(target), sort_keys=True).encode()).hexdigest()[:16]
+    return os.path.join(root, kind, f"{key}.json")
+
+
+def write_json_atomically(path: str, data) -> None:
+    """Write `data` as JSON through a temporary file renamed over `path`: a reader never sees half a file."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
+    with os.fdopen(handle, "w") as stream:
+        json.dump(data, stream, indent=1)
+    os.replace(temporary, path)
+
+
+def read_cached(path: str, load: Callable, what: str):
+    """`load(path)` of a cached measurement; None when nothing is cached there, or, with a warning, when what is
+    there is unreadable or invalid (then it is measured again)."""
+    if not os.path.exists(path):
+        return None
+    try:
+        return load(path)
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        warnings.warn(f"{what} {path} is unreadable ({error}); measuring this machine again.")
+        return None
+
+
+def keep_cached(path: str, measurement, what: str) -> None:
+    """`measurement.save(path)`; a cache folder that cannot be written is warned about, and the measurement is
+    used without saving it."""
+    try:
+        measurement.save(path)
+    except OSError as error:
+        warnings.warn(f"Could not cache the {what} at {path} ({error}); using it without saving.")

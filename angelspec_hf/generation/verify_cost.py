@@ -1,0 +1,178 @@
+"""The verify-cost profile D-cut plans with (AngelSpec §4): the target's verify-forward latency on this machine for
+each batch size and tokens per row, measured once and cached (`measurements`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache
+from transformers.utils.logging import tqdm  # honours transformers.utils.logging.disable_progress_bar()
+
+from .measurements import cache_path, keep_cached, machine_description, read_cached, write_json_atomically
+from .timing import device_clock
+
+
+PROFILED_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+MAX_VERIFY_SECONDS = 600.0  # a profiled forward slower than this is a corrupt profile, not a measurement
+
+
+@dataclass
+class VerifyCostModel:
+    """Latency of one target verify forward: `seconds[i][j]` for `rows[i]` rows of `tokens[j]` new tokens each,
+    over a KV cache of `context` tokens; interpolated linearly in between, extrapolated linearly beyond."""
+
+    rows: list[int]
+    tokens: list[int]
+    seconds: list[list[float]]
+    context: int
+    machine: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self._memo: dict[tuple[int, int], float] = {}  # asked each round for the same few shapes: computed once
+
+    def __call__(self, rows: int, tokens_per_row: int) -> float:
+        key = (rows, tokens_per_row)
+        if key not in self._memo:
+            per_row = [_interpolate(self.tokens, line, tokens_per_row) for line in self.seconds]
+            self._memo[key] = _interpolate(self.rows, per_row, rows)
+        return self._memo[key]
+
+    def save(self, path: str) -> None:
+        """Write atomically: a reader never sees a half-written profile."""
+        write_json_atomically(path, asdict(self))
+
+    @classmethod
+    def load(cls, path: str) -> "VerifyCostModel":
+        with open(path) as stream:
+            data = json.load(stream)
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} is not a verify-cost profile (a JSON object)")
+        model = cls(**data)
+        problem = model.problem()
+        if problem is not None:
+            raise ValueError(f"{path} is not a valid verify-cost profile: {problem}")
+        return model
+
+    def problem(self) -> str | None:
+        """What makes this profile unusable, or None: rows and tokens must be increasing positive integers, and
+        every latency a positive finite number of seconds below `MAX_VERIFY_SECONDS`."""
+        for name, values in (("rows", self.rows), ("tokens", self.tokens)):
+            problem = _counts_problem(name, values)
+            if problem is not None:
+                return problem
+        if (
+            not isinstance(self.seconds, list)
+            or len(self.seconds) != len(self.rows)
+            or not all(isinstance(line, list) and len(line) == len(self.tokens) for line in self.seconds)
+        ):
+            return f"seconds must be {len(self.rows)} lists of {len(self.tokens)} latencies (rows × tokens)"
+        bad = next(
+            (v for line in self.seconds for v in line if not _is_number(v) or not 0 < v <= MAX_VERIFY_SECONDS), None
+        )
+        if bad is not None:
+            return f"latency {bad!r} is not a number of seconds in (0, {MAX_VERIFY_SECONDS:g}]"
+        return None
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _counts_problem(name: str, values) -> str | None:
+    """Why `values` is not a non-empty increasing list of positive integers, or None."""
+    if not isinstance(values, (list, tuple)) or not values:
+        return f"{name} must be a non-empty list of positive integers, got {values!r}"
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+        return f"{name} must be positive integers, got {list(values)}"
+    if any(b <= a for a, b in zip(values, values[1:])):
+        return f"{name} must be increasing, got {list(values)}"
+    return None
+
+
+def _interpolate(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
+    """Piecewise linear through (xs, ys): flat below the first point, extended along the last segment beyond the
+    last one (proportionally when there is a single point)."""
+    if x <= xs[0]:
+        return ys[0]
+    if len(xs) == 1:
+        return ys[0] * x / xs[0]
+    index = next((i for i in range(1, len(xs)) if x <= xs[i]), len(xs) - 1)
+    x0, x1, y0, y1 = xs[index - 1], xs[index], ys[index - 1], ys[index]
+    return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), min(ys))
+
+
+@torch.no_grad()
+def profile_verify_cost(
+    target,
+    rows: Sequence[int] = (1,),
+    tokens: Sequence[int] = PROFILED_TOKENS,
+    context: int = 128,
+    repeats: int = 5,
+    progress: bool = True,
+) -> VerifyCostModel:
+    """Time target forwards of `rows` × `tokens` new tokens over a `context`-token KV cache (median of `repeats`).
+    The token counts of a row count take turns within each repeat, so a burst of load on a shared machine lands on
+    one repeat of each rather than on all repeats of one."""
+    rows, tokens = sorted(set(rows)), sorted(set(tokens))
+    for name, values in (("rows", rows), ("tokens", tokens)):
+        problem = _counts_problem(name, values)
+        if problem is not None:
+            raise ValueError(problem)
+    if not isinstance(repeats, int) or repeats < 1 or not isinstance(context, int) or context < 1:
+        raise ValueError(
+            f"repeats and context must be positive integers, got repeats={repeats!r}, context={context!r}"
+        )
+    vocab = target.config.get_text_config().vocab_size
+    generator = torch.Generator().manual_seed(0)
+    seconds = []
+    bar = tqdm(total=len(rows) * (repeats + 1), desc="profiling verify cost", disable=not progress)
+    for batch in rows:
+        prompt = torch.randint(vocab, (batch, context), generator=generator).to(target.device)
+        cache = DynamicCache()
+        target(input_ids=prompt, past_key_values=cache, use_cache=True)
+        inputs = [
+            (
+                torch.randint(vocab, (batch, count), generator=generator).to(target.device),
+                torch.arange(context, context + count, device=target.device).expand(batch, -1),
+            )
+            for count in tokens
+        ]
+        timings = [[] for _ in tokens]
+        for repeat in range(repeats + 1):  # the first round warms up
+            for (new, positions), times in zip(inputs, timings):
+                start = device_clock(target.device)
+                target(input_ids=new, position_ids=positions, past_key_values=cache, use_cache=True)
+                if repeat:
+                    times.append(device_clock(target.device) - start)
+                cache.crop(-new.shape[1])
+            bar.update()
+        seconds.append([sorted(times)[len(times) // 2] for times in timings])
+    bar.close()
+    return VerifyCostModel(list(rows), list(tokens), seconds, context, machine_description(target))
+
+
+def cost_model_path(target) -> str:
+    """Where the verify-cost profile of `target` on this machine is cached."""
+    return cache_path("verify_cost", target)
+
+
+_LOADED: dict[str, VerifyCostModel] = {}
+
+
+def load_cost_model(target, path: str | None = None, rows: Sequence[int] = (1,)) -> VerifyCostModel:
+    """The cached profile of `target` on this machine; profiled (with a progress bar) and cached when missing,
+    or, with a warning, when the cache is unreadable, holds invalid values, or lacks the batch sizes asked for. A
+    cache folder that cannot be written is warned about, and the measured profile is used without saving it."""
+    path = path or cost_model_path(target)
+    if path in _LOADED and set(rows) <= set(_LOADED[path].rows):
+        return _LOADED[path]
+    model = read_cached(path, VerifyCostModel.load, "Verify-cost profile")
+    if model is None or not set(rows) <= set(model.rows):
+        model = profile_verify_cost(target, rows=sorted(set(rows) | set(model.rows if model else ())))
+        keep_cached(path, model, "verify-cost profile")
+    _LOADED[path] = model
+    return model
