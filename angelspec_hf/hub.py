@@ -149,6 +149,11 @@ def shipped_drafter_path(name: str) -> str | None:
     return None
 
 
+def is_hub_id(path: str) -> bool:
+    """Whether `path` has the shape of a Hub repository id (`owner/name`), not of a relative or absolute folder."""
+    return len(path.split("/")) == 2 and ".." not in path.split("/") and not os.path.isabs(path)
+
+
 def load_drafter(name_or_path: str, target=None, tokenizer=None, **kwargs):
     """A drafter by folder, by the name of a shipped card (`load_drafter("smollm2-135m-instruct-mtp")`) or by Hub
     id, in eval mode, bound to `target` (and its `tokenizer`) when given; a peft LoRA adapter folder gives the
@@ -162,7 +167,7 @@ def load_drafter(name_or_path: str, target=None, tokenizer=None, **kwargs):
     path = str(name_or_path)
     if not os.path.isdir(path):
         path = shipped_drafter_path(path) or path
-    if not os.path.isdir(path) and len(path.split("/")) != 2:
+    if not os.path.isdir(path) and not is_hub_id(path):
         raise FileNotFoundError(
             f"Drafter {name_or_path!r} is not a folder, a shipped drafter ({', '.join(SHIPPED_DRAFTERS)}) or a Hub id"
         )

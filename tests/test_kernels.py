@@ -16,10 +16,10 @@ from angelspec_hf.generation import kernels, measurements, verify_cost
 from angelspec_hf.generation.kernels import (
     LinearKernelPlan,
     TunedLinear,
-    installed_plan,
     tune_linear_kernels,
     untune_linear_kernels,
 )
+from angelspec_hf.generation.measurements import installed_plan
 
 
 def plan_of(choices, max_rows=4):

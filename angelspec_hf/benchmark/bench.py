@@ -21,7 +21,7 @@ import transformers
 from transformers.utils.logging import tqdm  # honours transformers.utils.logging.disable_progress_bar()
 
 from ..generation.engine import resident_memory_bytes
-from ..generation.kernels import installed_plan
+from ..generation.measurements import installed_plan
 from ..generation.policies import DCut, VerifyPolicy, resolve_policy
 from ..generation.timing import device_clock
 from ..generation.verify_cost import load_cost_model

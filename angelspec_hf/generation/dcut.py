@@ -9,8 +9,9 @@ ranking that maximises expected tokens per second of the round:
 
 R requests each keep their bonus token; n_r(S) is request r's verified depth; t_verify is the target's verify
 forward latency profiled on this machine (`verify_cost.VerifyCostModel`). A single `generate()` call is the case
-R = 1. Drafting rounds record the confidences (`draft_round.DraftRound`). Written here because no library ships it: transformers' schedules (`constant`, `heuristic`, confidence threshold)
-set one depth per sequence without a cost model.
+R = 1. Drafting rounds record the confidences (`draft_round.DraftRound`). Written here because no library ships
+it: transformers' schedules (`constant`, `heuristic`, confidence threshold) set one depth per sequence without a
+cost model.
 """
 
 from __future__ import annotations

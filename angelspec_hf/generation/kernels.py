@@ -115,11 +115,6 @@ def _linear_layers(model: nn.Module) -> list[nn.Linear]:
     return [module for module in model.modules() if type(module) in (nn.Linear, TunedLinear)]
 
 
-def installed_plan(model: nn.Module) -> LinearKernelPlan | None:
-    """The plan `model`'s linear layers follow, or None."""
-    return next((m.kernel_plan for m in model.modules() if isinstance(m, TunedLinear)), None)
-
-
 def untune_linear_kernels(model: nn.Module) -> None:
     """Back to plain `nn.Linear` everywhere."""
     for module in _linear_layers(model):

@@ -14,12 +14,17 @@ from typing import Callable
 import torch
 
 
+def installed_plan(model: torch.nn.Module):
+    """The linear-kernel plan `model`'s layers follow (`kernels.tune_linear_kernels` gives each tuned layer its
+    `kernel_plan`), or None."""
+    return next((module.kernel_plan for module in model.modules() if hasattr(module, "kernel_plan")), None)
+
+
 def machine_description(target) -> dict:
     """What a latency profile depends on: the target's shape and precision, the device, threads, torch, and the
-    linear-kernel plan its layers follow (`kernels.tune_linear_kernels`, whose tuned layers carry it; "default":
-    none)."""
+    linear-kernel plan its layers follow (`installed_plan`; "default": none)."""
     config = target.config.get_text_config()
-    plan = next((module.kernel_plan for module in target.modules() if hasattr(module, "kernel_plan")), None)
+    plan = installed_plan(target)
     return {
         "target": getattr(config, "_name_or_path", "") or config.model_type,
         "model_type": config.model_type,

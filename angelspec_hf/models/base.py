@@ -541,7 +541,8 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
     def _borrow_target(self, target: PreTrainedModel, tokenizer=None) -> None:
         """Share the target's embedding and lm_head, keep its tokenizer (when given) to save beside the drafter, and
         run the target's linear-kernel plan, if any (`generation.kernels`)."""
-        from ..generation.kernels import follow_plan, installed_plan, untune_linear_kernels
+        from ..generation.kernels import follow_plan, untune_linear_kernels
+        from ..generation.measurements import installed_plan
 
         plan = installed_plan(target)
         if plan is not None:

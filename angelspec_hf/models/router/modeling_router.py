@@ -43,6 +43,7 @@ from torch import nn
 from transformers import GenerationConfig
 
 from ...cache_utils import pad_pending
+from ...hub import is_hub_id
 from ..base import AngelSpecDrafterPreTrainedModel, DraftPredictions
 from ..dfly.configuration_dfly import DFlyConfig
 from ..dfly.modeling_dfly import DFlyDrafter
@@ -80,10 +81,6 @@ MAX_TRY_BACKOFF = 32  # most new requests a member that keeps losing its tries s
 TRY_SHARE = 0.05  # most of a request's decoding time so far that a try's catch-up (reading its backlog) may cost
 
 
-def _is_hub_id(path: str) -> bool:
-    return len(path.split("/")) == 2 and ".." not in path.split("/") and not os.path.isabs(path)
-
-
 def _member_location(router: str, name: str, where: str) -> tuple[str, dict]:
     """Where to load member `name` from, given the router's folder or Hub id and the member's path in its config:
     (folder or Hub id, `subfolder` option). A Hub router's member is under its `members/` or another Hub id."""
@@ -91,7 +88,7 @@ def _member_location(router: str, name: str, where: str) -> tuple[str, dict]:
         folder = os.path.normpath(os.path.join(router, where))
         if os.path.isdir(folder):
             return folder, {}
-        if _is_hub_id(where):
+        if is_hub_id(where):
             return where, {}
         raise FileNotFoundError(
             f"Router {router!r}: member {name!r} is at {where!r}, and there is no folder {folder!r}"
@@ -99,7 +96,7 @@ def _member_location(router: str, name: str, where: str) -> tuple[str, dict]:
     parts = where.split("/")
     if parts[0] == MEMBERS_FOLDER and len(parts) == 2:
         return router, {"subfolder": where}
-    if _is_hub_id(where):
+    if is_hub_id(where):
         return where, {}
     raise ValueError(
         f"Router {router!r}: member {name!r} at {where!r} is neither under {MEMBERS_FOLDER}/ nor a Hub id"
@@ -110,7 +107,7 @@ def _check_member_reference(directory: str, name: str, path) -> None:
     """A member saved by reference must already be there: a drafter folder relative to `directory`, or a Hub id."""
     if not isinstance(path, str) or not path:
         raise ValueError(f"member_paths[{name!r}] must be a folder or a Hub id, got {path!r}")
-    if not os.path.isfile(os.path.join(directory, path, "config.json")) and not _is_hub_id(path):
+    if not os.path.isfile(os.path.join(directory, path, "config.json")) and not is_hub_id(path):
         raise ValueError(
             f"member_paths[{name!r}] = {path!r}: no drafter folder there (relative to {directory!r}) and not a Hub id"
         )
