@@ -7,11 +7,13 @@ the table of registered model types in `AutoConfig`'s mapping register the draft
 right away if transformers' Auto classes are loaded, else as soon as `configuration_auto` has run (a one-shot import
 hook). A lookup happens when a checkpoint is loaded (`AutoConfig` / `AutoModel.from_pretrained`, `pipeline`), never
 while modules import, so `import angelspec_hf` and `AutoModel.from_pretrained(drafter_folder)` work in either order.
-Importing the drafter classes themselves (`angelspec_hf.models`) registers them at once.
+Importing the drafter classes themselves (`angelspec_hf.models`) registers them, with transformers' public `register`
+calls; this module only decides when that import happens, so it never imports the classes at its own import.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.machinery
 import sys
@@ -22,25 +24,14 @@ _registered = False
 
 
 def register_drafters() -> None:
-    """Each drafter family with `AutoConfig` / `AutoModel`, and by name in the `transformers` namespace, where
-    `pipeline(..., assistant_model="<path or id>")` resolves a checkpoint's `architectures` (idempotent)."""
+    """Import the drafter classes, which registers them (`angelspec_hf.models` calls transformers' public
+    `AutoConfig.register` / `AutoModel.register` when it is imported; idempotent)."""
     global _registered
-    models = sys.modules.get(f"{__package__}.models")
-    if _registered or (models is not None and not hasattr(models, "DRAFTER_CLASSES")):
-        return  # done, or the drafter classes are being imported: `models/__init__.py` registers when it ends
-    _registered = True  # also while registering: the lookups it makes itself do not start it again
+    if _registered:
+        return
+    _registered = True  # the lookups made while the classes import do not start it again
     try:
-        # Its first import re-runs transformers/__init__.py (`direct_transformers_import`), which puts a new module
-        # object in sys.modules["transformers"]: done before the names are set, so that they stay.
-        import transformers.processing_utils  # noqa: F401
-        from transformers import AutoConfig, AutoModel
-
-        from .models import DRAFTER_CLASSES
-
-        for config_class, model_class in DRAFTER_CLASSES.values():
-            AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
-            AutoModel.register(config_class, model_class, exist_ok=True)
-            setattr(sys.modules["transformers"], model_class.__name__, model_class)
+        importlib.import_module(f"{__package__}.models")
     except BaseException:
         _registered = False
         raise

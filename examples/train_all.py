@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import train_drafter  # noqa: E402
 
 from angelspec_hf import load_drafter, load_target  # noqa: E402
-from angelspec_hf.cli import DEFAULT_HELDOUT  # noqa: E402
+from angelspec_hf.cli.estimate import DEFAULT_HELDOUT  # noqa: E402
 from angelspec_hf.prompts import check_prompt_source  # noqa: E402
 from angelspec_hf.training import estimate_on_responses  # noqa: E402
 from angelspec_hf.training.regenerate import read_responses, regenerate_responses  # noqa: E402

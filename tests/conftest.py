@@ -31,7 +31,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
-import angelspec_hf  # noqa: E402,F401  (registers drafters, routes generate)
+import angelspec_hf  # noqa: E402,F401  (drafters registered on first lookup)
 
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one worker per core: more threads per worker would only oversubscribe
@@ -107,6 +107,29 @@ def dcut_always_drafts(monkeypatch):
     from angelspec_hf.generation.policies import DCut
 
     monkeypatch.setattr(DCut, "drafting_pays", lambda self, budget, backlog: True)
+
+
+def rotate_router_members(monkeypatch):
+    """A router's member for each request changes every round and differs between neighbouring requests: every
+    round splits the batch, so every member drafts, alone and beside the others (the members' states split and
+    merged back). Which member drafts reads only the round count, so the output law cannot change. Returns the
+    count of planned rounds (a dict, updated as decoding goes)."""
+    from angelspec_hf.generation.routing import RoutingPolicy
+
+    rounds = {"count": 0}
+    original = RoutingPolicy.plan
+
+    def plan(self, state, *args, **kwargs):
+        rounds["count"] += 1
+        for r, row in enumerate(state.rows):
+            row.forced = (r + rounds["count"]) % len(self.router.members)
+        return original(self, state, *args, **kwargs)
+
+    monkeypatch.setattr(RoutingPolicy, "plan", plan)
+    monkeypatch.setattr(
+        RoutingPolicy, "choice", lambda self, state, r, pending=(): (getattr(state.rows[r], "forced", 0), None, False)
+    )
+    return rounds
 
 
 def pytest_collection_modifyitems(items):

@@ -312,18 +312,16 @@ def test_each_engine_run_starts_from_the_drafter_as_loaded(smollm2_tokenizer):
     assert runs[1]["tau"] > runs[0]["tau"], "a warm run drafts the answers the earlier one served"
 
 
-def test_an_engine_divergence_is_a_near_tie_only_where_the_target_hesitated():
-    from angelspec_hf.benchmark.engine_bench import divergence
-    from angelspec_hf.generation.engine import RequestOutput
+def test_a_divergence_is_a_near_tie_only_where_the_target_hesitated():
+    from angelspec_hf.benchmark.divergence import divergence
 
     target = make_target("llama", num_hidden_layers=2)
     prompt = [5, 6, 7]
     reference = target.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False)[0, 3:].tolist()
     first = reference[0]
     other = max(range(target.config.vocab_size - 1), key=lambda token: token != first)
-    ar = RequestOutput(0, prompt, output_ids=reference)
-    clear = divergence(target, ar, RequestOutput(0, prompt, output_ids=[other] + reference[1:]))
+    clear = divergence(target, prompt, reference, [other] + reference[1:])
     assert clear["position"] == 0 and not clear["near_tie"] and clear["margin"] > 1e-3
     target.lm_head.weight[other] = target.lm_head.weight[first]  # a tie between the two at the first new token
-    tie = divergence(target, ar, RequestOutput(0, prompt, output_ids=[other] + reference[1:]))
+    tie = divergence(target, prompt, reference, [other] + reference[1:])
     assert tie["near_tie"] and tie["margin"] == 0.0

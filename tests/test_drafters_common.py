@@ -1,9 +1,11 @@
-"""What every drafter family must do, tested the same way for each (as transformers' `ModelTesterMixin`): MTP,
-DFly and the DFlash configuration of DFly. Family-specific behaviour is in test_modeling_mtp.py / _dfly.py."""
+"""What every drafter family must do, tested the same way for each (as transformers' `ModelTesterMixin`): MTP (two
+input layouts), DFly and its DFlash configuration, the suffix drafter and the router. Family-specific behaviour is
+in test_modeling_mtp.py, test_modeling_dfly.py, test_suffix.py and test_router.py."""
 
 import copy
 import glob
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +15,7 @@ import torch
 from conftest import ARCHITECTURES, make_target
 from transformers import AutoConfig, AutoModel
 
-from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
+from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, RouterDrafter, SuffixDrafter
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
 
 
@@ -21,19 +23,40 @@ CARDS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class DrafterTesterMixin:
-    """Subclasses name the family (`drafter_class`, `drafter_kwargs`); every test here runs for each."""
+    """Subclasses name the family (`drafter_class`, `drafter_kwargs`, and where it differs how it is made, what it
+    refuses and whether it has a draft head); every test here runs for each."""
 
     drafter_class: type
     drafter_kwargs: dict
+    reduced_vocabulary = True  # a draft head over the most frequent target tokens (`draft_vocab_size`) applies
+    refused_in_generate = "does not match the target"  # the error of generate() with the last mismatched target
 
     def make(self, target, tokenizer=None, **overrides):
         torch.manual_seed(0)
         return self.drafter_class.from_target(target, tokenizer, **{**self.drafter_kwargs, **overrides})
 
+    def make_reduced(self, target, size: int):
+        """A drafter whose draft head covers `size` target tokens (a plain one for a family without a head)."""
+        if not self.reduced_vocabulary:
+            return self.make(target)
+        drafter = self.make(target, draft_vocab_size=size)
+        for model in [drafter, *getattr(drafter, "members", [])]:
+            if model.config.draft_vocab_size:
+                model.init_draft_vocab(torch.arange(target.config.vocab_size).double(), always_keep=[0])
+        return drafter
+
+    def mismatched_targets(self) -> list[tuple]:
+        """Targets this family's drafter (made for a 4-layer Llama, seed 0) refuses, each with what the error names."""
+        return [
+            (make_target("llama", num_hidden_layers=4, hidden_size=32, head_dim=8), "hidden_size"),
+            (make_target("qwen2", num_hidden_layers=4, seed=0), "model_type"),
+            (make_target("llama", num_hidden_layers=4, seed=1), "embedding differs"),  # same shapes, other weights
+        ]
+
     def test_save_and_load_round_trip_with_generation_config(self, tmp_path):
         target = make_target("qwen2", num_hidden_layers=4)
-        drafter = self.make(target, draft_vocab_size=40)
-        drafter.init_draft_vocab(torch.arange(target.config.vocab_size).double(), always_keep=[0])
+        drafter = self.make_reduced(target, 40)
+        drafter.record_output([1, 2, 3, 4, 5, 1, 2])  # what a suffix index keeps (no-op where there is none)
         drafter.generation_config.update(num_assistant_tokens=2, num_assistant_tokens_schedule="heuristic")
         with torch.no_grad():  # no zero-initialised parameter may hide a tensor that is not saved or loaded
             for parameter in drafter.parameters():
@@ -44,13 +67,14 @@ class DrafterTesterMixin:
         loaded = AutoModel.from_pretrained(tmp_path, dtype=torch.float64)
         assert type(loaded) is self.drafter_class
         provenance = {"_name_or_path", "auto_map", "transformers_version", "dtype", "target_config"}
-        saved, restored = (
-            {key: value for key, value in model.config.to_dict().items() if key not in provenance}
+        saved, restored = (  # as JSON has them (a router's member configs hold dicts with integer keys)
+            json.loads(json.dumps({k: v for k, v in model.config.to_dict().items() if k not in provenance}))
             for model in (drafter, loaded)
         )
         assert restored == saved and loaded.config.target_config["hidden_size"] == target.config.hidden_size
         assert loaded.generation_config.num_assistant_tokens == 2
         assert loaded.generation_config.num_assistant_tokens_schedule == "heuristic"
+        assert list(drafter.state_dict()) == list(loaded.state_dict())
         for (name, ours), (_, theirs) in zip(drafter.state_dict().items(), loaded.state_dict().items()):
             torch.testing.assert_close(ours, theirs, msg=name)
         prompt = torch.tensor([[3, 5, 7, 9]])
@@ -65,7 +89,9 @@ class DrafterTesterMixin:
         folder's `custom_generate/generate.py`; every output equals the target's plain greedy decoding."""
         target = make_target("llama", num_hidden_layers=4, dtype=torch.float32)
         target.save_pretrained(tmp_path / "target")
-        drafter = self.make(target, draft_vocab_size=32)
+        drafter = self.make_reduced(target, 32)
+        for prompt in ([3, 5, 7, 9, 11], [3, 5, 7, 9], [4, 8, 2, 6, 1]):  # a suffix index drafts what it has seen
+            drafter.record_output(target.generate(torch.tensor([prompt]), max_new_tokens=16)[0].tolist())
         drafter.generation_config.update(num_assistant_tokens=3, num_assistant_tokens_schedule="constant")
         drafter.save_pretrained(tmp_path / "drafter", remote_code=True)
         code = f"""
@@ -93,16 +119,12 @@ print(torch.equal(target.generate(input_ids=single, custom_generate={str(tmp_pat
 
     def test_a_mismatched_target_is_refused_with_a_clear_error(self):
         drafter = self.make(make_target("llama", num_hidden_layers=4, seed=0))
-        with pytest.raises(ValueError, match="hidden_size"):
-            drafter.bind_target(make_target("llama", num_hidden_layers=4, hidden_size=32, head_dim=8))
-        with pytest.raises(ValueError, match="model_type"):
-            drafter.bind_target(make_target("qwen2", num_hidden_layers=4, seed=0))
-        with pytest.raises(ValueError, match="embedding differs"):
-            drafter.bind_target(make_target("llama", num_hidden_layers=4, seed=1))  # same shapes, other weights
-        with pytest.raises(ValueError, match="does not match the target"):
-            make_target("llama", num_hidden_layers=4, seed=1).generate(
-                torch.tensor([[1, 2]]), max_new_tokens=2, assistant_model=drafter
-            )
+        mismatched = self.mismatched_targets()
+        for target, named in mismatched:
+            with pytest.raises(ValueError, match=named):
+                drafter.bind_target(target)
+        with pytest.raises(ValueError, match=self.refused_in_generate):
+            mismatched[-1][0].generate(torch.tensor([[1, 2]]), max_new_tokens=2, assistant_model=drafter)
 
     def test_a_different_tokenizer_is_refused(self, smollm2_tokenizer):
         target = make_target("llama", num_hidden_layers=4, vocab_size=len(smollm2_tokenizer))
@@ -122,7 +144,9 @@ print(torch.equal(target.generate(input_ids=single, custom_generate={str(tmp_pat
 
         before = contents()
         with torch.no_grad():
-            next(drafter.parameters()).add_(1.0)
+            for parameter in list(drafter.parameters())[:1]:
+                parameter.add_(1.0)
+        drafter.record_output([9, 8, 7])  # what a suffix index saves changes too
 
         def crash(*args, **kwargs):
             raise KeyboardInterrupt("power cut while writing weights")
@@ -182,6 +206,30 @@ class TestDFlash(DrafterTesterMixin):
         per_layer_context_mix=False,
         ar_head=False,
     )
+
+
+class TestSuffix(DrafterTesterMixin):
+    drafter_class = SuffixDrafter
+    drafter_kwargs = dict(min_match_length=2)
+    reduced_vocabulary = False  # no weights: it drafts what its index of earlier text says
+    refused_in_generate = "different tokenizers"  # transformers tells another vocabulary before the drafter binds
+
+    def mismatched_targets(self):  # it reads only token ids: any target of the same vocabulary serves
+        return [(make_target("llama", num_hidden_layers=4, vocab_size=64), "vocab_size")]
+
+
+class TestRouter(DrafterTesterMixin):
+    drafter_class = RouterDrafter
+    drafter_kwargs = {}
+
+    def make(self, target, tokenizer=None, **overrides):
+        """MTP, DFly and suffix members (`overrides`, a draft head, for the two with one)."""
+        members = [
+            TestMTP().make(target, tokenizer, **overrides),
+            TestDFly().make(target, tokenizer, **overrides),
+            TestSuffix().make(target, tokenizer),
+        ]
+        return RouterDrafter.from_members(members)
 
 
 def test_model_cards_hold_no_code_and_no_weights_twice():

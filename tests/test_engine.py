@@ -244,8 +244,8 @@ def test_rounds_without_drafting_leave_the_drafter_a_backlog_it_reads_at_once(ki
             return skip_pattern(calls["rounds"])
 
         monkeypatch.setattr(drafter, "propose", counting_propose)
-        monkeypatch.setattr(engine.policy, "drafting_pays", pay)
-        monkeypatch.setattr(engine.policy, "may_explore", lambda count, budget, backlog: False)
+        monkeypatch.setattr(engine.session.policy, "drafting_pays", pay)
+        monkeypatch.setattr(engine.session.policy, "may_explore", lambda count, budget, backlog: False)
         seen = {}
         original_draft = engine._draft
 
@@ -368,7 +368,7 @@ def test_engine_with_a_corrupt_cost_profile_reprofiles_over_its_batch_sizes_with
     verify_cost._LOADED.clear()
     with pytest.warns(UserWarning, match="unreadable"):
         engine = SpeculativeEngine(target, make_drafter("mtp", target, oracle=False), max_batch_size=6)
-    assert engine.policy.cost_model.rows == [1, 2, 4, 6]
+    assert engine.session.policy.cost_model.rows == [1, 2, 4, 6]
     assert verify_cost.VerifyCostModel.load(path).rows == [1, 2, 4, 6]
 
 

@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import make_target
+from conftest import make_target, rotate_router_members
 from oracles import FixedLawDFly, FixedLawMTP
 from scipy.stats import chisquare
 
@@ -17,8 +17,9 @@ from angelspec_hf.generation.engine import Request, SpeculativeEngine
 from angelspec_hf.generation.verify_cost import VerifyCostModel
 
 
-# The shape of this machine's verify profile (one row: 34 ms for 1 token ... 84 ms for 32, README), the 4-row line
-# scaled from it. A verified token costs little next to the forward itself, so D-cut's cut depends on confidence.
+# The shape of a 2-core machine's verify profile of SmolLM2 (one row: 34 ms for 1 token ... 84 ms for 32), the
+# 4-row line scaled from it. A verified token costs little next to the forward itself, so D-cut's cut depends on
+# confidence.
 REAL_PROFILE = VerifyCostModel(
     rows=[1, 4],
     tokens=[1, 2, 3, 4, 8, 16, 32],
@@ -52,7 +53,7 @@ def tiny_target(seed=11):
 def random_drafter(kind, target, scale, seed, fixed_law=False):
     """A drafter with N(0, scale²) weights: at scale 5 confidently wrong (adversarial), at 1 peaked but milder;
     `fixed_law` drafts from `FixedLawDrafting.law` instead of its own head."""
-    if kind == "router":  # each member in turn, per request (see `rotating_members`)
+    if kind == "router":  # each member in turn, per request (see `rotate_router_members`)
         members = [
             random_drafter(member, target, scale, seed + i) for i, member in enumerate(["mtp", "dfly", "suffix"])
         ]
@@ -108,24 +109,6 @@ def frozen_calibration(monkeypatch):
     monkeypatch.setattr(ConfidenceCalibrator, "update", lambda self, raw, accepted, sources=None: None)
 
 
-def rotating_members(monkeypatch):
-    """The router's member for each request changes every round and differs between neighbouring requests, so
-    every member drafts sampled rows, alone and beside the others (the members' states split and merged back)."""
-    rounds = [0]
-    original = RouterDrafter.propose
-
-    def propose(self, state, *args, **kwargs):
-        rounds[0] += 1
-        for r, row in enumerate(state.rows):
-            row.forced = (r + rounds[0]) % len(self.members)
-        return original(self, state, *args, **kwargs)
-
-    monkeypatch.setattr(RouterDrafter, "propose", propose)
-    monkeypatch.setattr(
-        RouterDrafter, "choice", lambda self, state, r, pending=(): (getattr(state.rows[r], "forced", 0), None, False)
-    )
-
-
 def sample_first_tokens(path, schedule, target, drafter, seed, profile, samples):
     """Cell index of the first three sampled tokens of `samples` continuations, and how many drafts were verified."""
     cells, verified = [], 0
@@ -168,7 +151,7 @@ def check_sampled_law(kind, schedule, path, drafting, profile, case, monkeypatch
     target = tiny_target(seed=11 + case % 3)
     scale = 5.0 if drafting == "adversarial" else {"mtp": 1.0, "dfly": 0.5, "suffix": 0.0, "router": 0.5}[kind]
     if kind == "router":
-        rotating_members(monkeypatch)
+        rotate_router_members(monkeypatch)
     drafter = random_drafter(kind, target, scale=scale, seed=case, fixed_law=drafting == "fixed-law")
     samples = SAMPLES[schedule]
     counts, verified = sample_first_tokens(

@@ -5,20 +5,20 @@ sampled law is tested in test_lossless.py."""
 import json
 import os
 import shutil
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ARCHITECTURES, make_target
+from conftest import make_target, rotate_router_members
 from transformers import AutoModel
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, RouterDrafter, SuffixDrafter
+from angelspec_hf.generation.dcut import FREE_ROUND_GAIN
 from angelspec_hf.generation.draft_round import DraftRound
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
+from angelspec_hf.generation.routing import TRY_SHARE
+from angelspec_hf.generation.session import DecodingSession, routing_of
 from angelspec_hf.generation.verify_cost import VerifyCostModel
-from angelspec_hf.models.router.modeling_router import FREE_ROUND_GAIN, TRY_SHARE
 
 
 def make_router(target, **suffix_options):
@@ -32,14 +32,13 @@ def make_router(target, **suffix_options):
 
 
 def priced_router(rows=(1,), **suffix_options):
-    """A router over a 2-layer target, priced by a profile where a verify forward costs 1 s for one token per row
+    """A router over a 2-layer target and its routing policy, priced by a profile where a verify forward costs 1 s for one token per row
     and 1.3 s for four, at every batch size in `rows`."""
     target = make_target("llama", num_hidden_layers=2)
     router = make_router(target, **suffix_options)
-    router.verify_cost_model = VerifyCostModel(
-        rows=list(rows), tokens=[1, 4], seconds=[[1.0, 1.3]] * len(rows), context=0
-    )
-    return target, router
+    routing = routing_of(router)
+    routing.cost_model = VerifyCostModel(rows=list(rows), tokens=[1, 4], seconds=[[1.0, 1.3]] * len(rows), context=0)
+    return target, router, routing
 
 
 def repeating_prompt(target, seed=3):
@@ -49,29 +48,12 @@ def repeating_prompt(target, seed=3):
     return torch.cat([text, text[:, :10]], 1)
 
 
-def rotate_members(monkeypatch):
-    """Each request's member changes every round and differs between neighbouring requests: every round splits the
-    batch, so the members' states are split and merged back each time."""
-    rounds = {"count": 0}
-    original = RouterDrafter.propose
-
-    def propose(self, state, *args, **kwargs):
-        rounds["count"] += 1
-        for r, row in enumerate(state.rows):
-            row.forced = (r + rounds["count"]) % len(self.members)
-        return original(self, state, *args, **kwargs)
-
-    monkeypatch.setattr(RouterDrafter, "propose", propose)
-    monkeypatch.setattr(
-        RouterDrafter, "choice", lambda self, state, r, pending=(): (getattr(state.rows[r], "forced", 0), None, False)
-    )
-    return rounds
-
-
-@pytest.mark.parametrize("model_type", ARCHITECTURES)
-def test_greedy_output_is_the_targets_under_every_schedule(model_type):
-    target = make_target(model_type, num_hidden_layers=4, seed=3)
+def test_every_member_is_tried_under_every_schedule_and_the_output_stays_the_targets():
+    """(Greedy equality on every architecture, batches, saving and loading, remote code and refusals are the common
+    drafter tests', test_drafters_common.py.)"""
+    target = make_target("llama", num_hidden_layers=4, seed=3)
     router = make_router(target)
+    routing = routing_of(router)
     assert router.target_hidden_state_indices() == sorted(
         {i for member in router.members for i in member.target_hidden_state_indices()}
     )
@@ -80,8 +62,8 @@ def test_greedy_output_is_the_targets_under_every_schedule(model_type):
         for prompt in (torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]]), repeating_prompt(target)):
             expected = target.generate(prompt, max_new_tokens=24, do_sample=False)
             output = target.generate(prompt, max_new_tokens=24, do_sample=False, assistant_model=router)
-            assert torch.equal(output, expected), (model_type, schedule)
-    assert None not in router.member_accepted  # every member was tried
+            assert torch.equal(output, expected), schedule
+    assert None not in routing.member_accepted  # every member was tried
 
 
 @pytest.mark.parametrize("policy", ["constant-4", "heuristic", "dcut"])
@@ -92,7 +74,7 @@ def test_requests_drafted_by_different_members_decode_as_each_alone(policy, monk
     solo = [
         target.generate(torch.tensor([p]), max_new_tokens=18, do_sample=False)[0, len(p) :].tolist() for p in prompts
     ]
-    rounds = rotate_members(monkeypatch)
+    rounds = rotate_router_members(monkeypatch)
     engine = SpeculativeEngine(target, router, policy=policy, max_batch_size=3)
     outputs = engine.generate([Request(p, max_new_tokens=18, eos_token_id=[]) for p in prompts])
     assert [o.output_ids for o in outputs] == solo and rounds["count"] > 5
@@ -104,7 +86,8 @@ def test_each_request_is_drafted_by_the_member_that_earns_most_on_it():
     suffix member; one whose output is new, with a member that drafts it right (an MTP head told the answer)."""
     target = make_target("llama", num_hidden_layers=4, seed=5)
     router = make_router(target, shared_index_max_tokens=0)
-    router.verify_cost_model = VerifyCostModel(rows=[1], tokens=[1, 16], seconds=[[1.0, 1.2]], context=0)
+    routing = routing_of(router)
+    routing.cost_model = VerifyCostModel(rows=[1], tokens=[1, 16], seconds=[[1.0, 1.2]], context=0)
     router.config.explore_tokens = 1000
     repeating = repeating_prompt(target, 1)
     counts = {}
@@ -122,123 +105,106 @@ def test_each_request_is_drafted_by_the_member_that_earns_most_on_it():
         SuffixDrafter.propose = original
     rounds = len(router.speculation_stats.drafted)
     assert counts["suffix"] >= rounds - 4  # after one try of each member, the suffix member drafts on
-    assert router.member_accepted[2] > max(router.member_accepted[:2])
+    assert routing.member_accepted[2] > max(routing.member_accepted[:2])
 
 
 def test_promised_gain_is_optimistic_for_a_try_and_prices_the_best_member_otherwise():
     # two requests verify together as one did (the per-request figures below); see the end for a costlier batch
-    target, router = priced_router(rows=(1, 2))
+    target, router, routing = priced_router(rows=(1, 2))
     state = router.new_draft_state(2)
-    assert router.promised_gain(state) > 0  # fresh requests: their members are due a try
-    router.member_seconds = [0.05, 0.1, 0.01]
+    assert routing.plan(state) > 0  # fresh requests: their members are due a try
+    routing.member_seconds = [0.05, 0.1, 0.01]
     for row in state.rows:  # both requests have tried MTP and DFly; the suffix member judges by its outlook
         for own, accepted in zip(row.members[:2], (0.1, 0.2)):
             own.accepted, own.verified = accepted, {2: 1.0}
-    router.bucket_record[2][0] = (0.0, {0: 1.0})  # no match: nothing accepted
+    routing.bucket_record[2][0] = (0.0, {0: 1.0})  # no match: nothing accepted
     # DFly: (1 + 0.2) / (0.1 + t_v(3) = 1.2) tokens per second, MTP less; the suffix member without a match drafts
     # nothing for its 0.01 s, 1 / 1.01: the best, and still below the 1 token per second of not drafting
-    assert router.score(state.rows[0], 1) == pytest.approx(1.2 / 1.3)
-    assert router.score(state.rows[0], 0) < router.score(state.rows[0], 1)
-    assert router.choice(state, 0)[:2] == (2, 0)
-    assert router.promised_gain(state) == pytest.approx(1 - 1.01)
+    assert routing.score(state.rows[0], 1) == pytest.approx(1.2 / 1.3)
+    assert routing.score(state.rows[0], 0) < routing.score(state.rows[0], 1)
+    assert routing.choice(state, 0)[:2] == (2, 0)
+    assert routing.plan(state) == pytest.approx(1 - 1.01)
     for index in state.members[2].rows:  # now each request's text repeats: the suffix member sees a match
         index.extend([1, 2, 3, 4, 5, 1, 2, 3])
-    router.bucket_record[2][int(3).bit_length()] = (3.0, {3: 1.0})
-    assert router.choice(state, 0)[:2] == (2, 2)
-    assert router.promised_gain(state) == pytest.approx(1 - 1 / (4.0 / (0.01 + 1.3)))
+    routing.bucket_record[2][int(3).bit_length()] = (3.0, {3: 1.0})
+    assert routing.choice(state, 0)[:2] == (2, 2)
+    assert routing.plan(state) == pytest.approx(1 - 1 / (4.0 / (0.01 + 1.3)))
     for row in state.rows:  # a member not tried for explore_tokens tokens is due again (and waited its longest
         row.members[0].since = router.config.explore_tokens  # for a round the suffix member would not draft)
         row.members[0].due_since = row.read - router.config.explore_tokens
-    assert router.choice(state, 0) == (0, None, True) and router.promised_gain(state) > 0
+    assert routing.choice(state, 0) == (0, None, True) and routing.plan(state) > 0
     # where widening the batch's verify costs more (compute-bound), the same record promises less
     for row in state.rows:
         row.members[0].since = 0
-    cheap = router.promised_gain(state)
-    router.verify_cost_model = VerifyCostModel(rows=[1, 2], tokens=[1, 4], seconds=[[1.0, 1.3], [1.0, 2.5]], context=0)
-    assert router.promised_gain(state) < cheap
+    cheap = routing.plan(state)
+    routing.cost_model = VerifyCostModel(rows=[1, 2], tokens=[1, 4], seconds=[[1.0, 1.3], [1.0, 2.5]], context=0)
+    assert routing.plan(state) < cheap
 
 
 def test_a_due_try_waits_for_a_round_no_other_member_would_draft_at_most_explore_tokens():
     """A try displaces the round's member: while the suffix member has a match its record says pays, MTP's due
     re-try waits (the suffix member drafts), for at most `explore_tokens` verified tokens; in a round without a
     match, where nothing would be drafted, it goes at once."""
-    target, router = priced_router()
-    router.member_seconds = [0.05, 0.1, 0.01]
+    target, router, routing = priced_router()
+    routing.member_seconds = [0.05, 0.1, 0.01]
     state = router.new_draft_state(1)
     row = state.rows[0]
-    router.admit(state, 0)
+    routing.admit(state, 0)
     for m, own in enumerate(row.members[:2]):  # both tried before, accepting little; MTP's re-try is due
-        own.accepted, own.verified = router.member_accepted[m], router.member_verified[m] = 0.1, {2: 1.0}
+        own.accepted, own.verified = routing.member_accepted[m], routing.member_verified[m] = 0.1, {2: 1.0}
     row.members[0].since = router.config.explore_tokens
     state.members[2].rows[0].extend([1, 2, 3, 4, 5, 1, 2, 3])  # the suffix member has a match of 3
-    router.bucket_record[2][int(3).bit_length()] = (3.0, {3: 1.0})
-    router.bucket_record[2][0] = (0.0, {0: 1.0})  # and without a match accepts nothing
+    routing.bucket_record[2][int(3).bit_length()] = (3.0, {3: 1.0})
+    routing.bucket_record[2][0] = (0.0, {0: 1.0})  # and without a match accepts nothing
     row.read = 100
-    assert router.choice(state, 0) == (2, 2, False) and row.members[0].due_since == 100
+    assert routing.choice(state, 0) == (2, 2, False) and row.members[0].due_since == 100
     row.read += router.config.explore_tokens - 1
-    assert router.choice(state, 0) == (2, 2, False)
+    assert routing.choice(state, 0) == (2, 2, False)
     row.read += 1
-    assert router.choice(state, 0) == (0, None, True)
+    assert routing.choice(state, 0) == (0, None, True)
     row.members[0].due_since = None
     state.members[2].rows[0].extend([7])  # no match now: the round would draft nothing, so the try goes at once
-    assert router.choice(state, 0) == (0, None, True)
+    assert routing.choice(state, 0) == (0, None, True)
 
 
 def test_a_member_that_loses_its_tries_sits_out_the_tries_of_the_next_requests():
     """A try reads a request's whole backlog; a member whose tries lose (MTP accepting nothing) is tried on ever
     fewer new requests (1, 2, 4, ... skipped), and one win clears its backoff."""
-    target, router = priced_router()
-    router.member_seconds = [0.05, 0.1, 0.01]
-    router.bucket_record[2][0] = (0.0, {0: 1.0})  # the suffix member without a match accepts nothing
+    target, router, routing = priced_router()
+    routing.member_seconds = [0.05, 0.1, 0.01]
+    routing.bucket_record[2][0] = (0.0, {0: 1.0})  # the suffix member without a match accepts nothing
 
     def first_request_trying_mtp(result: int) -> int:
         """Admit new requests until one tries MTP; that try accepts `result` of 3 drafts. Returns requests skipped."""
         skipped = 0
         while True:
             state = router.new_draft_state(1)
-            m, _, trying = router.choice(state, 0)
+            m, _, trying = routing.choice(state, 0)
             if trying and m == 0:
                 break
             assert not state.rows[0].members[0].tries
             skipped += 1
         state.rows[0].last_member, state.rows[0].last_try = 0, True
-        router.record_acceptance(state, [3], [result])
+        routing.record_acceptance(state, [3], [result])
         return skipped
 
     assert [first_request_trying_mtp(0) for _ in range(4)] == [0, 1, 2, 4]
-    assert router.try_wait[0] == 8
-    router.try_wait[0] = 0
-    assert first_request_trying_mtp(3) == 0 and router.try_backoff[0] == router.try_wait[0] == 0  # a win
-    assert first_request_trying_mtp(0) == 0 and router.try_wait[0] == 1
+    assert routing.try_wait[0] == 8
+    routing.try_wait[0] = 0
+    assert first_request_trying_mtp(3) == 0 and routing.try_backoff[0] == routing.try_wait[0] == 0  # a win
+    assert first_request_trying_mtp(0) == 0 and routing.try_wait[0] == 1
 
 
-def test_save_and_load_keep_every_member_and_load_with_remote_code(tmp_path):
+def test_save_and_load_keep_every_member_with_its_own_state(tmp_path):
     target = make_target("llama", num_hidden_layers=4)
     router = make_router(target)
     router.members[2].record_output([1, 2, 3, 4, 5])
-    router.generation_config.update(num_assistant_tokens=4, num_assistant_tokens_schedule="heuristic")
-    router.save_pretrained(tmp_path, remote_code=True)
+    router.save_pretrained(tmp_path)
     loaded = AutoModel.from_pretrained(tmp_path)
     assert type(loaded) is RouterDrafter and loaded.member_names == ["mtp", "dfly", "suffix"]
     assert [type(m) for m in loaded.members] == [AngelSpecMTPDrafter, DFlyDrafter, SuffixDrafter]
-    for (name, ours), (_, theirs) in zip(router.state_dict().items(), loaded.state_dict().items()):
-        torch.testing.assert_close(ours.float(), theirs.float(), msg=name)
+    assert sorted(os.listdir(tmp_path / "members")) == ["dfly", "mtp", "suffix"]  # each loads alone too
     assert loaded.members[2].shared_index.tokens == [1, 2, 3, 4, 5]
-    assert loaded.generation_config.num_assistant_tokens_schedule == "heuristic"
-    prompt = torch.tensor([[3, 5, 7, 9]])
-    expected = target.generate(prompt, max_new_tokens=12, do_sample=False)
-    assert torch.equal(target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=loaded), expected)
-    code = (
-        "import sys; sys.modules['angelspec_hf'] = None\n"
-        "from transformers import AutoModel\n"
-        f"model = AutoModel.from_pretrained({str(tmp_path)!r}, trust_remote_code=True)\n"
-        "print(type(model).__name__, [type(m).__name__ for m in model.members])\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "RouterDrafter ['AngelSpecMTPDrafter', 'DFlyDrafter', 'SuffixDrafter']" in result.stdout
 
 
 def test_a_router_names_members_saved_on_their_own_instead_of_holding_their_weights_again(tmp_path):
@@ -308,61 +274,59 @@ def test_members_of_another_target_or_vocabulary_are_refused():
 
 def test_switching_to_a_member_pays_for_its_catch_up_and_the_policy_adds_none():
     """A member that must first read tokens left by rounds it did not draft is charged its measured time per token
-    read beyond a usual round; the suffix member reads for free. D-cut leaves that pricing to the router."""
+    read beyond a usual round; the suffix member reads for free. D-cut leaves that pricing to the routing policy."""
     from angelspec_hf.generation.policies import DCut
 
-    target, router = priced_router()
-    router.member_seconds, router.member_read_seconds = [0.05, 0.1, 0.01], [0.002, 0.004, 0.5]
+    target, router, routing = priced_router()
+    routing.member_seconds, routing.member_read_seconds = [0.05, 0.1, 0.01], [0.002, 0.004, 0.5]
     state = router.new_draft_state(1)
     row = state.rows[0]
     for own in row.members:
         own.accepted, own.verified = 1.0, {2: 1.0}
-    caught_up = router.score(row, 0)
+    caught_up = routing.score(row, 0)
     row.members[0].tokens = list(range(104))  # 100 beyond MTP's usual round of 1 + 3
-    assert router.score(row, 0) == pytest.approx(2.0 / (0.05 + 100 * 0.002 + 1.2))
-    assert router.score(row, 0, pending=10) == pytest.approx(2.0 / (0.05 + 110 * 0.002 + 1.2))
-    assert router.score(row, 0) < caught_up
+    assert routing.score(row, 0) == pytest.approx(2.0 / (0.05 + 100 * 0.002 + 1.2))
+    assert routing.score(row, 0, pending=10) == pytest.approx(2.0 / (0.05 + 110 * 0.002 + 1.2))
+    assert routing.score(row, 0) < caught_up
     row.members[2].tokens = list(range(500))
-    assert router.catch_up_seconds_of(2, 500) == 0.0  # reading is free for the suffix member
-    policy = DCut(max_draft=4, cost_model=router.verify_cost_model)
-    policy.start(target, router)
-    assert policy.catch_up_seconds(backlog=500) == 0.0
-    solo = DCut(max_draft=4, cost_model=router.verify_cost_model)
-    solo.start(target, router.members[0])
-    assert solo.catch_up_seconds(backlog=500) > 0.0
+    assert routing.catch_up_seconds_of(2, 500) == 0.0  # reading is free for the suffix member
+    routed = DecodingSession(target, router, DCut(max_draft=4, cost_model=routing.cost_model))
+    assert routed.routing is routing and routed.policy.catch_up_seconds(backlog=500) == 0.0
+    solo = DecodingSession(target, router.members[0], DCut(max_draft=4, cost_model=routing.cost_model))
+    assert solo.routing is None and solo.policy.catch_up_seconds(backlog=500) > 0.0
 
 
 def test_a_matching_suffix_member_drafts_even_where_its_bucket_record_loses_and_its_cut_decides():
     """Where no member's score beats decoding without drafts but the suffix member has a match, the suffix member
     drafts the round (its drafts are nearly free, and D-cut verifies none of them that would not pay), whatever its
     bucket's record says; without a match the round is skipped."""
-    target, router = priced_router(shared_index_max_tokens=0)
+    target, router, routing = priced_router(shared_index_max_tokens=0)
     state = router.new_draft_state(1)
-    router.member_seconds = [0.05, 0.1, 0.01]
-    router.admit(state, 0)
+    routing.member_seconds = [0.05, 0.1, 0.01]
+    routing.admit(state, 0)
     for own in state.rows[0].members[:2]:  # MTP and DFly were tried and lose: below 1 token per second
         own.accepted, own.verified = 0.1, {2: 1.0}
     state.members[2].rows[0].extend([1, 2, 3, 4, 5, 1, 2, 3])
     bucket = int(3).bit_length()
-    router.bucket_record[2][bucket] = (0.0, {3: 1.0})  # the record at this bucket: nothing accepted
-    assert router.score(state.rows[0], 2, bucket) < 1.0 and router.score(state.rows[0], 1) < 1.0
-    assert router.choice(state, 0) == (2, bucket, False)
-    assert router.promised_gain(state) == pytest.approx(FREE_ROUND_GAIN)
+    routing.bucket_record[2][bucket] = (0.0, {3: 1.0})  # the record at this bucket: nothing accepted
+    assert routing.score(state.rows[0], 2, bucket) < 1.0 and routing.score(state.rows[0], 1) < 1.0
+    assert routing.choice(state, 0) == (2, bucket, False)
+    assert routing.plan(state) == pytest.approx(FREE_ROUND_GAIN)
     state.members[2].rows[0].extend([9])  # no earlier "9": no match, nothing worth a round
-    router.bucket_record[2][0] = (0.0, {0: 1.0})
-    assert router.choice(state, 0)[1] == 0
-    assert router.promised_gain(state) < 0
+    routing.bucket_record[2][0] = (0.0, {0: 1.0})
+    assert routing.choice(state, 0)[1] == 0
+    assert routing.plan(state) < 0
 
 
 def test_the_suffix_member_reads_the_backlog_before_the_router_weighs_it():
     """Through rounds the router does not draft, the suffix member still reads what was verified (when the router is
     asked what the next round promises), so its outlook sees the prompt: otherwise a request that starts with no try
     due would be judged by an empty index and never drafted. The drafting round after reads each token once."""
-    target, router = priced_router(shared_index_max_tokens=0)
+    target, router, routing = priced_router(shared_index_max_tokens=0)
     state = router.new_draft_state(1)
     text = [7, 8, 9, 10, 11, 12, 7, 8, 9]
-    router.promised_gain(state, [text[:4]])
-    router.promised_gain(state, [text])  # a skipped round: the backlog grew; only the new tokens are read
+    routing.plan(state, [text[:4]])
+    routing.plan(state, [text])  # a skipped round: the backlog grew; only the new tokens are read
     assert state.members[2].rows[0].tokens == text
     assert router.outlooks(state, 0)[2] == int(3).bit_length()  # "7 8 9" matched earlier in the prompt
     states = target(torch.tensor([text]), output_hidden_states=True).hidden_states
@@ -371,6 +335,7 @@ def test_the_suffix_member_reads_the_backlog_before_the_router_weighs_it():
         for own in row.members[:2]:
             own.tries = False  # no try due: the suffix member drafts this round
         row.admitted = True
+    routing.plan(state, [text + [10]])  # the round's plan, as decoding makes it before drafting
     drafting = DraftRound(torch.ones(1), [False])
     ids, _ = router.propose(state, hidden, torch.tensor([text + [10]]), 3, choose=drafting)
     assert drafting.sources.tolist() == [2]  # D-cut reads the suffix member's calibration for this row
@@ -378,23 +343,23 @@ def test_the_suffix_member_reads_the_backlog_before_the_router_weighs_it():
     assert ids[0].tolist() == [11, 12, 7]
     assert drafting.max_steps == 3  # D-cut's early exit weighs the suffix member's steps only
     assert len(state.rows[0].members[0].tokens) == len(text) + 1  # MTP still has everything to read
-    router.promised_gain(state, [[11, 12]])  # two more verified: read ahead, and never matched as if twice
+    routing.plan(state, [[11, 12]])  # two more verified: read ahead, and never matched as if twice
     assert router.outlooks(state, 0, [11, 12])[2] == int(6).bit_length()  # "7 8 9 10 11 12" seen before
 
 
 def test_a_batch_of_new_requests_tries_each_member_on_one_request_at_a_time():
     """Requests admitted together do not all pay a try (each reads a whole prompt): one tries each member, the others
     go by its verdict, and once the try is judged the next new request may try again."""
-    target, router = priced_router(rows=(1, 4))
+    target, router, routing = priced_router(rows=(1, 4))
     state = router.new_draft_state(4)
-    choices = [router.choice(state, r) for r in range(4)]
+    choices = [routing.choice(state, r) for r in range(4)]
     assert choices[0][2] and not any(trying for _, _, trying in choices[1:])
     assert [row.members[0].tries for row in state.rows] == [True, False, False, False]
     state.rows[0].last_member, state.rows[0].last_try = choices[0][0], True
-    router.record_acceptance(state, [3, 0, 0, 0], [3, 0, 0, 0])  # the try wins: no backoff
+    routing.record_acceptance(state, [3, 0, 0, 0], [3, 0, 0, 0])  # the try wins: no backoff
     state.add_rows(1)
-    router.bucket_record[2][0] = (0.0, {0: 1.0})  # the suffix member without a match accepts nothing: an idle round
-    assert choices[0][0] == 0 and router.choice(state, 4) == (0, None, True)  # MTP's try is judged: tried again
+    routing.bucket_record[2][0] = (0.0, {0: 1.0})  # the suffix member without a match accepts nothing: an idle round
+    assert choices[0][0] == 0 and routing.choice(state, 4) == (0, None, True)  # MTP's try is judged: tried again
     assert not state.rows[4].members[1].tries  # DFly's first try (request 0's) is still to come
 
 
@@ -404,18 +369,19 @@ def test_a_members_record_prices_its_rounds_by_the_mean_verify_cost_not_the_cost
     mean depth would overprice them."""
     target = make_target("llama", num_hidden_layers=2)
     router = make_router(target)
+    routing = routing_of(router)
     model = VerifyCostModel(rows=[1], tokens=[1, 2, 3, 4, 8], seconds=[[1.0, 1.6, 2.0, 1.5, 1.6]], context=0)
-    router.verify_cost_model = model
-    router.member_seconds = [0.05, 0.1, 0.0]
+    routing.cost_model = model
+    routing.member_seconds = [0.05, 0.1, 0.0]
     state = router.new_draft_state(1)
     row = state.rows[0]
     for verified, accepted in [(0, 0), (7, 3)] * 20:
         row.last_member, row.last_bucket = 2, 3
-        router.record_acceptance(state, [verified], [accepted])
-    accepted, law = router.bucket_record[2][3]
+        routing.record_acceptance(state, [verified], [accepted])
+    accepted, law = routing.bucket_record[2][3]
     assert sum(law.values()) == pytest.approx(1.0) and set(law) == {0, 7, 1}  # the prior's weight has decayed
     mean_cost = sum(weight * model(1, 1 + n) for n, weight in law.items())
-    assert router.score(row, 2, 3) == pytest.approx((1 + accepted) / mean_cost)
+    assert routing.score(row, 2, 3) == pytest.approx((1 + accepted) / mean_cost)
     depth = sum(weight * n for n, weight in law.items())
     assert mean_cost < model(1, 1 + depth)  # what pricing the mean depth would have charged
 
@@ -423,22 +389,22 @@ def test_a_members_record_prices_its_rounds_by_the_mean_verify_cost_not_the_cost
 def test_a_try_waits_until_reading_the_backlog_costs_a_small_share_of_the_requests_decoding():
     """After a long prompt a try's catch-up (reading the prompt) would cost more than it could win back: it waits
     until the request has decoded long enough that the catch-up is at most TRY_SHARE of that time."""
-    target, router = priced_router()
-    router.member_read_seconds = [0.01, 0.01, None]  # MTP and DFly have caught up before: reading costs 0.01 s/token
+    target, router, routing = priced_router()
+    routing.member_read_seconds = [0.01, 0.01, None]  # MTP and DFly have caught up before: reading costs 0.01 s/token
     state = router.new_draft_state(1)
     row = state.rows[0]
-    router.admit(state, 0)
+    routing.admit(state, 0)
     row.prompt = row.read = 1000
     row.members[0].tokens = row.members[1].tokens = [0] * 1000  # the prompt, unread: about 10 s to read
-    assert not router.needs_try(row, 0) and router.choice(state, 0)[0] == 2  # the suffix member drafts meanwhile
-    needed = int(router.catch_up_seconds_of(0, 1000) / (TRY_SHARE * 1.0)) + 1
+    assert not routing.needs_try(row, 0) and routing.choice(state, 0)[0] == 2  # the suffix member drafts meanwhile
+    needed = int(routing.catch_up_seconds_of(0, 1000) / (TRY_SHARE * 1.0)) + 1
     row.read = 1000 + needed
-    assert router.needs_try(row, 0) and router.choice(state, 0) == (0, None, True)
+    assert routing.needs_try(row, 0) and routing.choice(state, 0) == (0, None, True)
     row.members[0].tokens = row.members[1].tokens = [0] * 10  # a short prompt: tried after two tokens
     row.read = row.prompt + 1
-    assert not router.needs_try(row, 0)
+    assert not routing.needs_try(row, 0)
     row.read = row.prompt + 2
-    assert router.needs_try(row, 0)
+    assert routing.needs_try(row, 0)
 
 
 def test_two_unlucky_rounds_do_not_sink_a_member_that_pays_below_decoding_without_drafts():
@@ -447,86 +413,88 @@ def test_two_unlucky_rounds_do_not_sink_a_member_that_pays_below_decoding_withou
     weight 0.3 dropped it below decoding without drafts, after which it never drafted again)."""
     target = make_target("llama", num_hidden_layers=2)
     router = make_router(target)
+    routing = routing_of(router)
     # drafting pays from 0.3 tokens accepted per round: (1 + a) / (0.1 + 1.2) > 1 / 1.0
-    router.verify_cost_model = VerifyCostModel(rows=[1], tokens=[1, 2], seconds=[[1.0, 1.2]], context=0)
-    router.member_seconds = [0.1, 0.2, 0.0]
+    routing.cost_model = VerifyCostModel(rows=[1], tokens=[1, 2], seconds=[[1.0, 1.2]], context=0)
+    routing.member_seconds = [0.1, 0.2, 0.0]
     state = router.new_draft_state(2)
-    plain = router._rate(0.0, {0: 1.0}, 0.0)
+    plain = routing._rate(0.0, {0: 1.0}, 0.0)
     for verified, accepted in [(1, 1), (1, 0), (1, 1), (1, 1), (1, 0), (1, 1), (1, 1), (1, 0)] * 3:
         state.rows[0].last_member, state.rows[0].last_bucket = 0, None
-        router.record_acceptance(state, [verified, 0], [accepted, 0])
-    assert router.member_accepted[0] == pytest.approx(0.6, abs=0.1)
+        routing.record_acceptance(state, [verified, 0], [accepted, 0])
+    assert routing.member_accepted[0] == pytest.approx(0.6, abs=0.1)
     row = state.rows[0]
-    assert router.score(row, 0) > plain
+    assert routing.score(row, 0) > plain
     for _ in range(2):  # two rejections in a row
         row.last_member, row.last_bucket = 0, None
-        router.record_acceptance(state, [1, 0], [0, 0])
-    assert router.score(row, 0) > plain
+        routing.record_acceptance(state, [1, 0], [0, 0])
+    assert routing.score(row, 0) > plain
     fresh = state.rows[1]  # a request the member never drafted goes by the member's record over requests
-    assert fresh.members[0].accepted is None and router.score(fresh, 0) > plain
+    assert fresh.members[0].accepted is None and routing.score(fresh, 0) > plain
     for _ in range(30):  # but a member that keeps losing on a request is dropped there
         row.last_member, row.last_bucket = 0, None
-        router.record_acceptance(state, [1, 0], [0, 0])
-    assert router.score(row, 0) < plain
+        routing.record_acceptance(state, [1, 0], [0, 0])
+    assert routing.score(row, 0) < plain
 
 
 def test_a_rounds_rest_beyond_drafting_and_the_verify_forward_is_measured_and_priced(monkeypatch):
     """The verify profile times the target forward alone; the rest of a round (the generation loop, the policy,
     acceptance) is timed between rounds, less the router's drafting and the profiled forward, and every rate pays
     it. A round around a prefill of admitted requests, or longer than a forward (a stall), teaches nothing."""
-    from angelspec_hf.models.router import modeling_router
+    from angelspec_hf.generation import routing as routing_module
 
-    target, router = priced_router(rows=(1, 2))
-    router.member_seconds = [0.05, 0.1, 0.01]
+    target, router, routing = priced_router(rows=(1, 2))
+    routing.member_seconds = [0.05, 0.1, 0.01]
     clock = iter([10.0, 11.8, 12.0, 13.9, 20.0, 30.0, 40.0])
-    monkeypatch.setattr(modeling_router, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    monkeypatch.setattr(routing_module, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
     state = router.new_draft_state(1)
 
     def round_ending_at_next_call(drafting: float, drafts: int) -> None:
         state.round_drafting = drafting  # what `propose` adds up
-        router.record_acceptance(state, [drafts], [0])
-        router.promised_gain(state)
+        routing.record_acceptance(state, [drafts], [0])
+        routing.plan(state)
 
-    router.promised_gain(state)  # 10.0: the first round starts
+    routing.plan(state)  # 10.0: the first round starts
     round_ending_at_next_call(0.2, 3)  # 11.8: 1.8 s = 0.2 drafting + t_v(4) = 1.3 + 0.3 rest
-    assert router.round_overhead == pytest.approx(0.3)
-    plain = router._rate(0.0, {0: 1.0}, 0.0)
+    assert routing.round_overhead == pytest.approx(0.3)
+    plain = routing._rate(0.0, {0: 1.0}, 0.0)
     assert plain == pytest.approx(1 / (1.0 + 0.3))
     row = state.rows[0]
     row.members[1].accepted, row.members[1].verified = 1.0, {3: 1.0}
-    assert router.score(row, 1) == pytest.approx(2.0 / (0.1 + 1.3 + 0.3))
+    assert routing.score(row, 1) == pytest.approx(2.0 / (0.1 + 1.3 + 0.3))
     round_ending_at_next_call(0.0, 0)  # 12.0: 0.2 s, shorter than a forward of one token: no rest to measure
-    assert router.round_overhead == pytest.approx(0.3)
+    assert routing.round_overhead == pytest.approx(0.3)
     round_ending_at_next_call(0.5, 0)  # 13.9: 1.9 s = 0.5 + t_v(1) + 0.4
-    assert router.round_overhead == pytest.approx(0.7 * 0.3 + 0.3 * 0.4)
+    assert routing.round_overhead == pytest.approx(0.7 * 0.3 + 0.3 * 0.4)
     round_ending_at_next_call(0.0, 3)  # 20.0: a stall longer than a forward is not averaged
-    measured = router.round_overhead
+    measured = routing.round_overhead
     state.add_rows(1)  # an admission between rounds: its prefill is no round's rest
     round_ending_at_next_call(0.0, 0)  # 30.0
-    assert router.round_overhead == measured and state.round_started == 30.0
+    assert routing.round_overhead == measured and state.round_started == 30.0
 
 
-def test_a_members_scores_are_scaled_by_what_its_rounds_delivered_of_their_promise():
+def test_a_members_scores_are_scaled_by_what_its_rounds_delivered_of_their_promise(monkeypatch):
     """A request's record changes only on the rounds its member drafts, and a member is picked when its record is
     high, so its rounds deliver less than the record promised (a winner's curse); the router scales the member's
     tokens per round by the share delivered. A try's promise is not counted: it did not win the round."""
-    target, router = priced_router()
-    router.member_seconds = [0.05, 0.1, 0.01]
+    target, router, routing = priced_router()
+    routing.member_seconds = [0.05, 0.1, 0.01]
     state = router.new_draft_state(1)
     row = state.rows[0]
-    assert router.delivery(1) == 1.0  # nothing known yet
+    assert routing.delivery(1) == 1.0  # nothing known yet
     row.members[1].accepted, row.members[1].verified = 3.0, {3: 1.0}
-    promised = router.score(row, 1)
+    promised = routing.score(row, 1)
     tokens = torch.tensor([[1, 2]])
     hidden = tuple(torch.zeros(1, 2, target.config.hidden_size, dtype=target.dtype) for _ in router.hidden_indices)
-    row.plan = (2, (1, None, False))  # `promised_gain` chose DFly for the round at 2 tokens read
+    monkeypatch.setattr(routing, "choice", lambda state, r, pending=(): (1, None, False))  # DFly drafts the round
+    routing.plan(state, [[1, 2]])
     router.propose(state, hidden, tokens, 3, DraftRound(torch.tensor([1.0]), [False]))
     assert row.promised == pytest.approx(1 + 3.0)  # DFly's record when chosen
-    router.record_acceptance(state, [3], [1])  # delivered 2 of the 4 tokens promised
-    assert row.promised is None and router.delivery(1) == pytest.approx(0.5)
+    routing.record_acceptance(state, [3], [1])  # delivered 2 of the 4 tokens promised
+    assert row.promised is None and routing.delivery(1) == pytest.approx(0.5)
     row.members[1].accepted, row.members[1].verified = 3.0, {3: 1.0}
-    router.member_seconds = [0.05, 0.1, 0.01]  # the round measured DFly's drafting time; back to the one above
-    assert router.score(row, 1) == pytest.approx(promised / 2)  # (1 + 3) · 0.5 tokens for the same time
+    routing.member_seconds = [0.05, 0.1, 0.01]  # the round measured DFly's drafting time; back to the one above
+    assert routing.score(row, 1) == pytest.approx(promised / 2)  # (1 + 3) · 0.5 tokens for the same time
     row.last_member, row.last_try, row.promised = 1, True, 9.0  # a try: its promise is not the member's
-    router.record_acceptance(state, [3], [3])
-    assert router.delivery(1) == pytest.approx(0.5)
+    routing.record_acceptance(state, [3], [3])
+    assert routing.delivery(1) == pytest.approx(0.5)

@@ -1,11 +1,6 @@
 """The suffix drafter: what its index matches, that it drafts where the output repeats, losslessly on every path,
 and that it saves, loads and shares its index of earlier outputs. Its sampled law is tested in test_lossless.py."""
 
-import copy
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 from conftest import ARCHITECTURES, make_target
@@ -14,11 +9,12 @@ from transformers import AutoModel
 import angelspec_hf
 from angelspec_hf import SuffixDrafter
 from angelspec_hf.generation import policies
+from angelspec_hf.generation.dcut import FREE_ROUND_GAIN
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
 from angelspec_hf.generation.policies import DrafterEstimates
+from angelspec_hf.generation.session import memory_of
 from angelspec_hf.generation.verify_cost import VerifyCostModel
 from angelspec_hf.models.suffix.modeling_suffix import (
-    FREE_ROUND_GAIN,
     SharedIndex,
     SuffixArrayIndex,
     SuffixIndex,
@@ -114,7 +110,7 @@ def test_a_match_drafts_a_round_under_dcut_whatever_the_average_saving_of_its_ro
     expected = target.generate(prompt, max_new_tokens=24, do_sample=False)
     cost = VerifyCostModel(rows=[1], tokens=[1, 8], seconds=[[1.0, 1.2]], context=0)
     monkeypatch.setattr(policies, "load_cost_model", lambda target, rows=(1,): cost)
-    drafter.dcut_estimates = DrafterEstimates(read_ratio=0.0, drafting_gain=-0.5)  # rounds so far lost time
+    memory_of(drafter).estimates = DrafterEstimates(read_ratio=0.0, drafting_gain=-0.5)  # rounds so far lost time
     output = target.generate(prompt, max_new_tokens=24, do_sample=False, assistant_model=drafter)
     assert torch.equal(output, expected)
     assert drafter.speculation_stats.summary()["tau"] > 2.0
@@ -170,36 +166,10 @@ def test_save_and_load_keep_the_shared_index_and_generation_config(tmp_path):
     assert loaded.shared_index.tokens[-11:] == [-1] + list(range(10))
 
 
-def test_loads_and_generates_with_remote_code_where_the_package_is_missing(tmp_path):
-    target = make_target("llama", num_hidden_layers=4)
-    drafter = SuffixDrafter.from_target(target)
-    drafter.record_output([1, 2, 3, 4, 5])
-    drafter.save_pretrained(tmp_path, remote_code=True)
-    code = (
-        "import sys; sys.modules['angelspec_hf'] = None\n"
-        "from transformers import AutoModel\n"
-        f"model = AutoModel.from_pretrained({str(tmp_path)!r}, trust_remote_code=True)\n"
-        "print(type(model).__name__, type(model).__module__.startswith('transformers_modules'), "
-        "model.shared_index.tokens)\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split()[:2] == ["SuffixDrafter", "True"] and "[1, 2, 3, 4, 5]" in result.stdout
-
-
-def test_another_vocabulary_or_tokenizer_is_refused(smollm2_tokenizer):
+def test_any_target_of_its_vocabulary_serves_and_there_are_no_weights_to_train():
+    """(Refusals of another vocabulary or tokenizer are the common drafter tests', test_drafters_common.py.)"""
     drafter = SuffixDrafter.from_target(make_target("llama", num_hidden_layers=2))
-    with pytest.raises(ValueError, match="vocab_size"):
-        drafter.bind_target(make_target("llama", num_hidden_layers=2, vocab_size=64))
-    drafter.bind_target(make_target("qwen3", num_hidden_layers=2, seed=4))  # any target of that vocabulary serves
-    target = make_target("llama", num_hidden_layers=2, vocab_size=len(smollm2_tokenizer))
-    drafter = SuffixDrafter.from_target(target, smollm2_tokenizer)
-    other = copy.deepcopy(smollm2_tokenizer)
-    other.add_special_tokens({"additional_special_tokens": ["<|tool|>"]})
-    with pytest.raises(ValueError, match="tokenizer differs"):
-        drafter.bind_target(target, other)
+    drafter.bind_target(make_target("qwen3", num_hidden_layers=2, seed=4))
     with pytest.raises(NotImplementedError, match="no weights to train"):
         drafter(None)
 

@@ -23,13 +23,13 @@ from transformers.utils.logging import tqdm  # honours transformers.utils.loggin
 from ..generation.engine import resident_memory_bytes
 from ..generation.measurements import installed_plan
 from ..generation.policies import DCut, VerifyPolicy, resolve_policy
+from ..generation.session import forget_served_requests, memory_of
 from ..generation.timing import device_clock
 from ..generation.verify_cost import load_cost_model
 from ..metrics import SpeculationStats, SpeculativeAcceptance
 from ..prompts import encode_chat, load_prompts
-
-
-NEAR_TIE_GAP = 1e-3
+from .divergence import divergence
+from .engine_bench import main as engine_main
 
 
 @dataclass
@@ -127,14 +127,6 @@ def drafter_methods(
     return methods
 
 
-@torch.no_grad()
-def top2_gap(target, sequence: torch.Tensor, position: int) -> float:
-    """AR top-2 logit gap for the token at `position` of `sequence` (its logits come from position - 1)."""
-    logits = target(sequence[:, :position]).logits[0, -1].float()
-    top = logits.topk(2).values
-    return float(top[0] - top[1])
-
-
 class TargetForwardMeter:
     """Counts and times target forwards with hooks, for any method (built-in ones too): τ = new tokens / forwards,
     the verify share of a round, and the peak memory in use at the end of a forward."""
@@ -188,7 +180,7 @@ def run_benchmark(
                     )
         for method in methods:  # the measured prompts start from the drafters as loaded, warm-up outputs forgotten
             if method.drafter is not None:
-                method.drafter.forget_served_requests()
+                forget_served_requests(method.drafter)
         for input_ids in tqdm(encoded, desc="bench", unit="prompt"):
             reference = None
             for method in methods:
@@ -210,7 +202,7 @@ def run_benchmark(
                 result.new_tokens += output.shape[1] - input_ids.shape[1]
                 result.prompts += 1
                 if method.drafter is not None:
-                    result.stats = result.stats + method.drafter.speculation_stats
+                    result.stats = result.stats + memory_of(method.drafter).stats
                 if reference is None:
                     reference = output  # AR runs first
                 _compare(result, output, reference, target)
@@ -237,7 +229,7 @@ def run_benchmark(
     if adaptive:
         report["verify_cost"] = dataclasses.asdict(load_cost_model(target))
     for entry, method in adaptive:
-        entry.update(method.drafter.dcut_estimates.calibrator.report())
+        entry.update(memory_of(method.drafter).estimates.calibrator.report())
     return report
 
 
@@ -259,16 +251,12 @@ def _guarded(result: MethodResult, run):
 
 
 def _compare(result: MethodResult, output: torch.Tensor, reference: torch.Tensor, target) -> None:
-    """Count identical outputs; classify a divergence as a near-tie by the AR top-2 gap where it starts."""
+    """Count identical outputs; classify a divergence as a near tie by the AR top-2 gap where it starts."""
     if torch.equal(output, reference):
         result.identical += 1
         return
     result.divergences += 1
-    length = min(output.shape[1], reference.shape[1])
-    differing = (output[0, :length] != reference[0, :length]).nonzero()
-    position = int(differing[0]) if len(differing) else length
-    if position < reference.shape[1] and top2_gap(target, reference, position) < NEAR_TIE_GAP:
-        result.near_tie_divergences += 1
+    result.near_tie_divergences += divergence(target, [], reference[0].tolist(), output[0].tolist())["near_tie"]
 
 
 def machine_state() -> dict:
@@ -426,8 +414,6 @@ def main(args: argparse.Namespace) -> dict:
             methods += drafter_methods(name, drafter, args.full_vocab_variant, schedules)
     prompts = [row["prompt"] for row in load_prompts(args.prompts, data_dir=args.data_dir, limit=args.limit)]
     if args.concurrency:
-        from .engine_bench import main as engine_main
-
         report = engine_main(args, target, engine_drafters, prompts)
         report.update(
             machine=machine_state(), prompts=args.prompts, target=getattr(target.model.config, "name_or_path", None)

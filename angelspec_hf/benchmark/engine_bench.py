@@ -19,10 +19,11 @@ from transformers.utils.logging import tqdm  # honours transformers.utils.loggin
 
 from ..generation.engine import Request, SpeculativeEngine
 from ..generation.policies import parse_label, profiled_rows
+from ..generation.session import forget_served_requests, memory_of
 from ..generation.verify_cost import load_cost_model
 from ..metrics import SpeculationStats
 from ..prompts import encode_chat
-from .bench import NEAR_TIE_GAP, top2_gap
+from .divergence import NEAR_TIE_GAP, divergence
 
 
 def engine_run(
@@ -31,7 +32,7 @@ def engine_run(
     """One engine run, the drafter as loaded (`forget_served_requests`: a suffix index would otherwise hold an
     earlier run's answers to these very prompts) unless `warm`; returns its metrics and the outputs."""
     if drafter is not None and not warm:
-        drafter.forget_served_requests()
+        forget_served_requests(drafter)
     engine = SpeculativeEngine(target, drafter, policy=policy, max_batch_size=concurrency, cost_model=cost_model)
     outputs = engine.generate([dataclasses.replace(r) for r in requests])
     stats = engine.stats
@@ -116,11 +117,13 @@ def run_engine_benchmark(
             outputs = [output for _, repeat in timed[name] for output in repeat]
             same = sum(o.output_ids == r.output_ids for o, r in zip(outputs, reference * repeats))
             divergences = [
-                divergence(target, r, o) for o, r in zip(outputs, reference * repeats) if o.output_ids != r.output_ids
+                {"request_id": r.request_id, **divergence(target, r.prompt_ids, r.output_ids, o.output_ids)}
+                for o, r in zip(outputs, reference * repeats)
+                if o.output_ids != r.output_ids
             ]
             metrics.update(name=name, identical_fraction=same / len(outputs), divergences=divergences)
             if drafter is not None and parse_label(policy)[0] == "dcut":
-                metrics.update(drafter.dcut_estimates.calibrator.report())
+                metrics.update(memory_of(drafter).estimates.calibrator.report())
             runs.append(metrics)
         ar_repeats = [metrics["tokens_per_s"] for metrics, _ in timed["batched-ar"]]
         for (name, _, _), metrics in zip(methods, runs):  # paired: each repeat against AR's run beside it
@@ -152,24 +155,6 @@ def run_engine_benchmark(
 
 class LosslessnessError(RuntimeError):
     """A speculative output differs from plain decoding where the target's choice was not a near tie."""
-
-
-def divergence(target, reference, output) -> dict:
-    """Where an engine output first differs from batched AR's and the target's top-2 logit margin there: a near
-    tie (margin below `NEAR_TIE_GAP`) is floating-point noise between batch shapes, anything else is a bug."""
-    position = next(
-        (i for i, (a, b) in enumerate(zip(output.output_ids, reference.output_ids)) if a != b),
-        min(len(output.output_ids), len(reference.output_ids)),
-    )
-    sequence = torch.tensor([reference.prompt_ids + reference.output_ids], device=target.device)
-    at = len(reference.prompt_ids) + position
-    margin = top2_gap(target, sequence, at) if at < sequence.shape[1] else float("inf")
-    return {
-        "request_id": reference.request_id,
-        "position": position,
-        "margin": margin,
-        "near_tie": margin < NEAR_TIE_GAP,
-    }
 
 
 def _median_repeat(repeats: list[dict]) -> dict:

@@ -19,8 +19,7 @@ import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.stopping_criteria import StopStringCriteria
 
-from ..metrics import SpeculationStats
-from .policies import draft_round, resolve_policy
+from .session import DecodingSession
 
 
 class AngelSpecCandidateGenerator(CandidateGenerator):
@@ -45,9 +44,8 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         self.drafter = drafter
         self.hidden_indices = drafter.target_hidden_state_indices()
         self.model_kwargs_overrides = {"output_hidden_states": self.hidden_indices or False}
-        self.policy = resolve_policy(None, drafter)
-        self.policy.start(target, drafter, max_rows=1)
-        self.row = self.policy.new_row()
+        self.session = DecodingSession(target, drafter)  # the policy from the drafter's generation config
+        self.row = self.session.new_row()
         self.max_length = generation_config.max_length
         self.do_sample = generation_config.do_sample
         self.temperature = (generation_config.temperature or 1.0) if self.do_sample else 1.0
@@ -73,8 +71,6 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         self.pending_tokens = input_ids[:, :0]
         self.drafting = None  # this round's `DraftRound`, None when it drafted nothing
         self.num_drafted = 0
-        self.stats = SpeculationStats()
-        drafter.speculation_stats = self.stats
 
     def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, **kwargs):
         if is_first_iteration:  # let the target prefill first: its hidden states condition the first draft
@@ -89,12 +85,7 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         self.num_seen = length - 1
         budget = self.max_length - length - 1
         count = (
-            self.policy.draft_count(
-                [self.row],
-                budget,
-                backlog=self.pending_tokens.shape[1],
-                promised_gain=self.drafter.promised_gain(self.state, self.pending_tokens.tolist()),
-            )
+            self.session.draft_count(self.state, [self.row], budget, self.pending_tokens.tolist())
             if self.may_draft
             else 0
         )
@@ -102,24 +93,20 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         if count == 0:
             return input_ids, None
         temperatures = torch.tensor([self.temperature])
-        draft_ids, draft_logits, self.drafting = draft_round(
-            self.drafter,
+        draft_ids, draft_logits, self.drafting = self.session.draft_round(
             self.state,
-            self.policy,
             [self.row],
             self.pending_hidden,
             self.pending_tokens,
             count,
-            temperatures,
+            temperatures=temperatures,
             sampled=[self.do_sample],
         )
         self.pending_hidden, self.pending_tokens = (), self.pending_tokens[:, :0]
         draft_ids = draft_ids[:, : self.drafting.usable_steps()[0]]  # a broken drafter's non-finite scores: no draft
         draft_ids = self.cut_before_stop_string(input_ids, draft_ids)
-        (self.num_drafted,) = self.policy.depths(
-            self.drafting, [draft_ids.shape[1]], [self.row], self.drafting.seconds
-        )
-        self.stats.add_drafting_time(self.drafting)
+        (self.num_drafted,) = self.session.depths(self.drafting, [draft_ids.shape[1]], [self.row])
+        self.session.stats.add_drafting_time(self.drafting)
         candidates = torch.cat([input_ids, draft_ids[:, : self.num_drafted]], dim=1)
         if not self.do_sample or self.num_drafted == 0:
             return candidates, None
@@ -143,7 +130,6 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
 
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         num_matches = int(num_matches)
-        self.stats.record_round(drafted=self.num_drafted, accepted=num_matches)
+        self.session.stats.record_round(drafted=self.num_drafted, accepted=num_matches)
         if self.drafting is not None:
-            self.policy.observe(self.drafting, [self.num_drafted], [num_matches], [self.row])
-            self.drafter.record_acceptance(self.state, [self.num_drafted], [num_matches])
+            self.session.observe(self.state, self.drafting, [self.num_drafted], [num_matches], [self.row])

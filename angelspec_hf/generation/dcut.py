@@ -21,6 +21,12 @@ from typing import Callable, Sequence
 import torch
 
 
+# The saving promised for a round of a drafter that reads for free and has a match (the suffix drafter's
+# `promised_gain`, and the router's rounds of it): a round risks only its lookups, as D-cut's cut of its drafts
+# verifies none whose calibrated confidence would not pay.
+FREE_ROUND_GAIN = 0.01
+
+
 class ConfidenceCalibrator:
     """Maps a raw confidence (prefix product of draft probabilities) to the observed rate at which prefixes of that
     confidence are accepted: acceptance counts per confidence bin with exponential forgetting, so the map follows

@@ -37,7 +37,8 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 from ..cache_utils import RaggedCache, pad_pending, sliding_windows
 from ..metrics import SpeculationStats
 from .draft_round import DraftRound
-from .policies import RowState, VerifyPolicy, draft_round, resolve_policy
+from .policies import RowState, VerifyPolicy
+from .session import DecodingSession
 
 
 @dataclass
@@ -196,14 +197,13 @@ class SpeculativeEngine:
             default_eos if isinstance(default_eos, list) else [] if default_eos is None else [default_eos]
         )
         self.hidden_indices: list[int] = []
-        self.policy: VerifyPolicy | None = None
+        self.session: DecodingSession | None = None
         self.max_draft = 0
         if drafter is not None:
             drafter.bind_target(target, tokenizer)
             self.hidden_indices = drafter.target_hidden_state_indices()
-            self.policy = resolve_policy(policy, drafter, cost_model)
-            self.policy.start(target, drafter, max_rows=max_batch_size)
-            self.max_draft = self.policy.max_draft
+            self.session = DecodingSession(target, drafter, policy, cost_model, max_rows=max_batch_size)
+            self.max_draft = self.session.max_draft
         self.stats = EngineStats()
         self._submitted = 0
         self._rows_without_drafts: set[int] | None = None  # after a drafting failure (`_drafting_paused`)
@@ -352,7 +352,7 @@ class SpeculativeEngine:
         if request.do_sample:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(int(request.seed) if request.seed is not None else torch.seed())
-        policy_row = self.policy.new_row() if self.policy is not None else None
+        policy_row = self.session.new_row() if self.session is not None else None
         row = _Row(request, output, eos, _processors(request), generator, next_token=-1, policy_row=policy_row)
         cache = RaggedCache(1, self.device)
         ids = torch.tensor([request.input_ids], device=self.device)
@@ -415,12 +415,8 @@ class SpeculativeEngine:
 
     def _draft_all(self, no_drafts):
         budget = max(row.remaining for row in self.rows) - 1
-        width = max(len(row.pending_tokens) for row in self.rows)
-        count = self.policy.draft_count(
-            [row.policy_row for row in self.rows],
-            budget,
-            backlog=width,
-            promised_gain=self.drafter.promised_gain(self.draft_state, [row.pending_tokens for row in self.rows]),
+        count = self.session.draft_count(
+            self.draft_state, [row.policy_row for row in self.rows], budget, [row.pending_tokens for row in self.rows]
         )
         if count == 0:
             self.stats.skipped_drafts += budget > 0
@@ -431,10 +427,8 @@ class SpeculativeEngine:
             len(self.hidden_indices),
             self.device,
         )
-        draft_ids, logits, drafting = draft_round(
-            self.drafter,
+        draft_ids, logits, drafting = self.session.draft_round(
             self.draft_state,
-            self.policy,
             [row.policy_row for row in self.rows],
             hidden,
             tokens,
@@ -458,7 +452,7 @@ class SpeculativeEngine:
             return [0] * len(self.rows)
         usable = drafting.usable_steps()
         caps = [max(0, min(drafts.shape[1], row.remaining - 1, usable[r])) for r, row in enumerate(self.rows)]
-        return self.policy.depths(drafting, caps, [row.policy_row for row in self.rows], drafting.seconds)
+        return self.session.depths(drafting, caps, [row.policy_row for row in self.rows])
 
     def _verify(self, drafts, draft_logits, drafting: DraftRound | None, depths: list[int]) -> None:
         """One target forward over every row's [next token, kept drafts]; accept per row; update both caches."""
@@ -517,8 +511,9 @@ class SpeculativeEngine:
                 row.pending_tokens.extend(new_tokens)
         self.cache.keep_last(keep)
         if drafting is not None:
-            self.policy.observe(drafting, observed, accepted_counts, [row.policy_row for row in self.rows])
-            self.drafter.record_acceptance(self.draft_state, observed, accepted_counts)
+            self.session.observe(
+                self.draft_state, drafting, observed, accepted_counts, [row.policy_row for row in self.rows]
+            )
         self.stats.phase_seconds["verify"] += time.perf_counter() - start
 
     def _accept_sampled(

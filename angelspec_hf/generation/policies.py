@@ -48,6 +48,7 @@ class VerifyPolicy:
     """Base of the verify policies. `max_draft` is the most tokens drafted per round."""
 
     schedule: ClassVar[str]
+    cost_model: VerifyCostModel | None = None  # the verify-cost profile it prices with, if it prices
 
     def __init__(self, max_draft: int):
         if not isinstance(max_draft, int) or isinstance(max_draft, bool) or max_draft < 1:
@@ -62,11 +63,10 @@ class VerifyPolicy:
         """The drafter generation-config settings that select this policy."""
         return {"num_assistant_tokens_schedule": self.schedule, "num_assistant_tokens": self.max_draft}
 
-    def start(self, target, drafter, max_rows: int = 1) -> None:
-        """Prepare for a decoding run of up to `max_rows` rows with `drafter` on `target` (a drafter that prices its
-        own drafting gets the verify-cost profile)."""
-        if drafter.prices_its_drafting and drafter.verify_cost_model is None:
-            drafter.verify_cost_model = load_cost_model(target, rows=profiled_rows(max_rows))
+    def start(self, target, drafter, memory, max_rows: int = 1, promise_counts_catch_up: bool = False) -> None:
+        """Prepare for a decoding run of up to `max_rows` rows with `drafter` on `target`, starting from what
+        decoding learned of it before (`memory`, a `session.DrafterMemory`); `promise_counts_catch_up`: the
+        round's promised gain (a routing plan's) already prices the drafter's catch-up on waiting tokens."""
 
     def new_row(self) -> RowState:
         return RowState(depth=self.max_draft)
@@ -76,7 +76,7 @@ class VerifyPolicy:
     ) -> int:
         """Most tokens to draft this round for `rows`, none past `budget` (tokens the longest row may still add);
         the drafter has `backlog` verified tokens (of the row with most) to read first, and promises to save
-        `promised_gain` of the round's time when it knows (`drafter.promised_gain`)."""
+        `promised_gain` of the round's time when it knows (a routing plan, or the drafter's `promised_gain`)."""
         return max(0, min(self.max_draft, budget))
 
     def keep_drafting(self, drafting: DraftRound, count: int) -> bool:
@@ -125,8 +125,8 @@ class Heuristic(VerifyPolicy):
 
 @dataclass
 class DrafterEstimates:
-    """What D-cut learns about a drafter on this machine, kept on the drafter (`dcut_estimates`) across decoding runs
-    so that each run starts from it: the confidence calibrator, the mean calibrated confidence of each draft position
+    """What D-cut learns about a drafter on this machine, kept across decoding runs (`session.DrafterMemory`) so
+    that each run starts from it: the confidence calibrator, the mean calibrated confidence of each draft position
     (ĉ_k; None until the drafter has drafted), `read_ratio`, the time the drafter takes to read verified tokens
     over the time the target takes to verify as many (both for the same rows), and `drafting_gain` ĝ."""
 
@@ -181,7 +181,7 @@ class DCut(VerifyPolicy):
         self.rows = 1
         self.widths: list[float] = []  # this round's verify cost by width (1 + drafts per row)
         self.promised_gain: float | None = None  # what the drafter promised this round would save, if it knows
-        self.drafter_prices_catch_up = False  # the drafter's promise includes its catch-up (the router's)
+        self.drafter_prices_catch_up = False  # the round's promise includes the catch-up (a routing plan's)
 
     @property
     def calibrator(self) -> ConfidenceCalibrator:
@@ -191,15 +191,13 @@ class DCut(VerifyPolicy):
     def depth_confidence(self) -> torch.Tensor | None:
         return self.estimates.depth_confidence
 
-    def start(self, target, drafter, max_rows=1):
+    def start(self, target, drafter, memory, max_rows=1, promise_counts_catch_up=False):
         if self.cost_model is None:
             self.cost_model = load_cost_model(target, rows=profiled_rows(max_rows))
-        if drafter.prices_its_drafting:
-            drafter.verify_cost_model = self.cost_model
-        self.drafter_prices_catch_up = drafter.prices_its_drafting
-        if drafter.dcut_estimates is None:
-            drafter.dcut_estimates = DrafterEstimates(read_ratio=parameter_ratio(drafter, target))
-        self.estimates = drafter.dcut_estimates
+        self.drafter_prices_catch_up = promise_counts_catch_up
+        if memory.estimates is None:
+            memory.estimates = DrafterEstimates(read_ratio=parameter_ratio(drafter, target))
+        self.estimates = memory.estimates
 
     def verify_seconds(self, rows: int, width: int) -> float:
         """This round's verify cost (looked up per width, for the round's batch size)."""
@@ -214,7 +212,7 @@ class DCut(VerifyPolicy):
 
     def catch_up_seconds(self, backlog: int) -> float:
         """The drafter's extra time to read `backlog` verified tokens per row instead of a usual round's; none for a
-        drafter that prices its own drafting, whose promise counts what its chosen members have to read."""
+        round whose promise prices it already (a routing plan's counts what the chosen members have to read)."""
         if self.drafter_prices_catch_up:
             return 0.0
         usual = self.cost_model(self.rows, self.max_draft + 1)

@@ -19,7 +19,6 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
 
 from ..metrics import SpeculationStats
-from ..models.base import AngelSpecDrafterPreTrainedModel
 from .candidate_generator import AngelSpecCandidateGenerator
 from .engine import Request, SpeculativeEngine
 
@@ -33,9 +32,12 @@ _BATCHED_PROCESSORS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarp
 _BATCHED_CRITERIA = (MaxLengthCriteria, EosTokenCriteria)
 
 
-def as_drafter(assistant_model) -> AngelSpecDrafterPreTrainedModel | None:
+def as_drafter(assistant_model):
     """The AngelSpec drafter `assistant_model` is or wraps (a peft `PeftModel`, whose LoRA layers sit inside the
     drafter's own modules, so the drafter itself drafts with them), else None."""
+    # Imported here: the drafter classes install this module's routing when they are imported (`models/__init__`).
+    from ..models.base import AngelSpecDrafterPreTrainedModel
+
     if isinstance(assistant_model, AngelSpecDrafterPreTrainedModel):
         return assistant_model
     get_base_model = getattr(assistant_model, "get_base_model", None)
@@ -137,7 +139,7 @@ def batched_speculative_decoding(
         )
     pooled = sum((output.stats for output in outputs), SpeculationStats())
     pooled.draft_seconds = engine.stats.phase_seconds["draft"]
-    drafter.speculation_stats = pooled
+    engine.session.report(pooled)
     if generation_config.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(sequences=sequences)
     return sequences

@@ -275,6 +275,8 @@ REMOTE_CODE_HELPERS = (
     "generation/candidate_generator.py",
     "generation/engine.py",
     "generation/policies.py",
+    "generation/session.py",
+    "generation/routing.py",
     "generation/dcut.py",
     "generation/draft_round.py",
     "generation/measurements.py",
@@ -328,9 +330,6 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
                 f"(`{type(self).__name__}.from_target(target, ...)` records it)"
             )
         super().__init__(config)
-        from ..generation.speculative import install  # here, not at import: the generation modules import this one
-
-        install()  # a drafter, however loaded (this package or its remote code), is routed by generate()
         if config.draft_vocab_size:
             # EAGLE-3-style reduced vocabulary: own small head over the most frequent target tokens.
             self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
@@ -346,17 +345,17 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         self.generation_config = GenerationConfig(
             num_assistant_tokens=self.default_num_draft_tokens(), num_assistant_tokens_schedule="dcut"
         )
-        # Set by decoding, read by users and benchmarks: D-cut's `DrafterEstimates` (calibrator, confidence by
-        # depth, read cost), kept across decoding runs so that each starts from them (`generation.policies.DCut`),
-        # and the last call's `SpeculationStats`.
-        self.dcut_estimates = None
-        self.speculation_stats = None
-        # The verify-cost profile, set when decoding starts for a drafter that prices its own drafting
-        # (`prices_its_drafting`: the router, choosing a member per request).
-        self.verify_cost_model = None
 
-    prices_its_drafting = False
+    routes_members = False  # a router: a routing policy chooses which member drafts each request (generation/routing)
     reads_for_free = False  # reading verified tokens costs it nothing (no weights): a router lets it read every round
+
+    @property
+    def speculation_stats(self):
+        """The last decoding call's `SpeculationStats` (None before one): a read-only view of what the decoding
+        session measured (`generation/session.py`)."""
+        from ..generation.session import memory_of  # here: the generation modules import this one
+
+        return memory_of(self).stats
 
     def default_num_draft_tokens(self) -> int:
         """Draft tokens per round unless `generation_config.num_assistant_tokens` says otherwise."""
@@ -418,19 +417,15 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
     def outlook(self, state, row: int, pending_tokens: list[int]) -> int | None:
         """A cheap look, before drafting, at how well row `row` of `state` can be drafted now, given the tokens it
         verified since this drafter last read (`pending_tokens`): the suffix drafter's current match length. None
-        for a drafter without one. The router ranks members by their record at each outlook."""
+        for a drafter without one. A router's routing policy ranks members by their record at each outlook."""
         return None
 
     def promised_gain(self, state, pending: list[list[int]] | None = None) -> float | None:
         """The fraction of a round's time the next drafting round of `state` is expected to save, its catch-up on
         verified tokens included (`pending[r]`: the tokens row r verified since the drafter last read), for a drafter
-        that knows better than the verify policy's average (the router, from its members' record on each request);
+        that knows better than the verify policy's average (the suffix drafter, when a row has a match);
         None leaves it to the policy."""
         return None
-
-    def record_acceptance(self, state, drafted: list[int], accepted: list[int]) -> None:
-        """After verification: row r of `state` had `drafted[r]` of its drafts verified and `accepted[r]` of them
-        accepted. Drafters that choose how to draft by what was accepted (the router) learn from it."""
 
     def prepare_for_saving(self) -> None:
         """Bring state kept outside the tensors (the suffix drafter's shared index) into them before a save."""
@@ -440,9 +435,9 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         serving keep them (the suffix drafter's shared index); the others ignore them."""
 
     def forget_served_requests(self) -> None:
-        """Drop what serving taught since the drafter was loaded or saved (recorded outputs, a router's records):
-        it drafts as loaded again. Each measured benchmark run starts here, so no run drafts an earlier run's
-        answers to the same prompts."""
+        """Drop what serving taught the drafter since it was loaded or saved (the suffix index's recorded outputs):
+        it drafts as loaded again. `generation.session.forget_served_requests(drafter)` also drops what decoding
+        learned of its requests (a router's routing records); each measured benchmark run starts there."""
 
     def draft_position_weights(self) -> torch.Tensor:
         """Loss weight of draft position k = 1..K."""
@@ -717,6 +712,8 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         for source in dict.fromkeys(sources):
             with open(source) as handle:  # `from ..mtp.modeling_mtp import` and `from ..base import` alike
                 code = re.sub(r"from \.+(?:\w+\.)*(\w+) import", r"from .\1 import", handle.read())
+            if source == model_module.__file__:  # what `angelspec_hf.models` does at import, for this copy
+                code += "\n\nfrom .speculative import install  # noqa: E402\n\n\ninstall()\n"
             with open(os.path.join(directory, os.path.basename(source)), "w") as handle:
                 handle.write(code)
         os.makedirs(os.path.join(directory, "custom_generate"), exist_ok=True)

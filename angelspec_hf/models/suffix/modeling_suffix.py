@@ -26,13 +26,9 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from ...generation.dcut import FREE_ROUND_GAIN
 from ..base import AngelSpecDrafterPreTrainedModel, DraftPredictions, check_int
 from .configuration_suffix import SuffixDrafterConfig
-
-
-# promised for a round with a match (`SuffixDrafter.promised_gain`; the router's rounds of this member too): a round
-# risks only its lookups, as D-cut's cut of its drafts verifies none whose calibrated confidence would not pay
-FREE_ROUND_GAIN = 0.01
 
 
 SEPARATOR = -1  # between two sequences of an index: no match crosses it

@@ -1,0 +1,73 @@
+"""`angelspec estimate`: a drafter's acceptance measured offline on held-out target responses (no target
+decoding)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from ..arguments import add_target_arguments, load_target_from_args, positive_int
+from .common import UsageError, check_drafter, check_target_arguments, check_writable
+
+
+NAME = "estimate"
+HELP = "offline acceptance estimate of a drafter on held-out target responses (no target decoding)"
+DEFAULT_HELDOUT = os.path.join(  # package data: an installed wheel has it
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    "data",
+    "smollm2-135m-instruct",
+    "heldout_responses.jsonl.gz",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--drafter", required=True)
+    add_target_arguments(parser)
+    parser.add_argument(
+        "--responses", default=DEFAULT_HELDOUT, help="held-out target responses (angelspec regenerate)"
+    )
+    parser.add_argument("--sources", default=None, help="only these sources of the responses file, comma-separated")
+    parser.add_argument("--num-draft-tokens", type=positive_int, default=None, help="default: the drafter's own")
+    parser.add_argument("--max-length", type=positive_int, default=1024, help="tokens per packed row")
+    parser.add_argument("--hidden-cache-dir", default=os.path.join(".cache", "hidden_states"))
+    parser.add_argument("--output", default=None, help="JSON file of the metrics")
+
+
+def check(args: argparse.Namespace) -> None:
+    check_target_arguments(args)
+    check_drafter(args.drafter)
+    if not all(os.path.isfile(path) for path in args.responses.split(",")):
+        raise UsageError(f"--responses {args.responses}: no such file (make one with `angelspec regenerate`)")
+    check_writable("--output", args.output)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..hub import load_drafter
+    from ..training import estimate_on_responses
+
+    target = load_target_from_args(args)
+    drafter = load_drafter(args.drafter, target.model, target.tokenizer)
+    sources = args.sources.split(",") if args.sources else None
+    metrics = estimate_on_responses(
+        drafter, target.model, args.responses, sources, args.max_length, args.hidden_cache_dir, args.num_draft_tokens
+    )
+    depths = args.num_draft_tokens or drafter.generation_config.num_assistant_tokens
+    print(f"{metrics['documents']} responses, {metrics['rounds']} rounds of greedy decoding, offline")
+    print(
+        f"τ {metrics['tau']:.3f}; by draft length: "
+        + " ".join(f"{d}:{metrics[f'tau_depth_{d}']:.2f}" for d in range(1, depths + 1))
+    )
+    print(
+        "acceptance by depth: "
+        + " ".join(f"{metrics.get(f'acceptance_depth_{d}', 0.0):.2f}" for d in range(1, depths + 1))
+    )
+    for n in (1, 2, 4, 8):
+        print(
+            f"top-{n} recall by depth: "
+            + " ".join(f"{metrics[f'recall_top{n}_depth_{d}']:.2f}" for d in range(1, depths + 1))
+        )
+    if args.output:
+        with open(args.output, "w") as handle:
+            json.dump({"command": args.command_line, "drafter": args.drafter, **metrics}, handle, indent=1)
+    return 0

@@ -1,0 +1,65 @@
+"""`angelspec regenerate`: training responses decoded by the target itself."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..arguments import add_target_arguments, load_target_from_args, positive_int, temperature
+from .common import check_data_dir, check_prompt_sources, check_target_arguments, check_writable
+
+
+NAME = "regenerate"
+HELP = "regenerate training responses with the target itself"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_target_arguments(parser)
+    parser.add_argument("--sources", required=True, help="comma-separated prompt sets, e.g. alpaca_eval,arena_hard")
+    parser.add_argument("--output", required=True, help="gzipped JSONL file, appended to (resumable)")
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--limit-per-source", type=positive_int, default=None)
+    parser.add_argument("--max-prompt-tokens", type=positive_int, default=384)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=256)
+    parser.add_argument("--batch-size", type=positive_int, default=16, help="requests decoded together (refilled)")
+    parser.add_argument(
+        "--temperature", type=temperature, default=0.0, help="0 (default): greedy; > 0: sampled, one seed per prompt"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="first sampling seed (prompt i gets seed + i)")
+    parser.add_argument(
+        "--exclude",
+        default=None,
+        help="prompt sets (comma-separated, e.g. the evaluation sets) whose prompts are skipped",
+    )
+
+
+def check(args: argparse.Namespace) -> None:
+    check_target_arguments(args)
+    check_data_dir(args.data_dir)
+    check_prompt_sources(args.sources.split(",") + (args.exclude.split(",") if args.exclude else []), args.data_dir)
+    check_writable("--output", args.output)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..generation.policies import profiled_rows
+    from ..generation.verify_cost import load_cost_model
+    from ..training.regenerate import regenerate_responses
+
+    target = load_target_from_args(args)
+    records = regenerate_responses(
+        target.model,
+        target.tokenizer,
+        args.sources.split(","),
+        args.output,
+        data_dir=args.data_dir,
+        limit_per_source=args.limit_per_source,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        temperature=args.temperature,
+        seed=args.seed,
+        exclude=args.exclude.split(",") if args.exclude else (),
+    )
+    print(f"{len(records)} responses in {args.output}")
+    bound = args.batch_size / load_cost_model(target.model, rows=profiled_rows(args.batch_size))(args.batch_size, 1)
+    print(f"the bound of batched decoding on this machine ({args.batch_size} rows per forward): {bound:.0f} tokens/s")
+    return 0
