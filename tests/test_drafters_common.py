@@ -30,6 +30,7 @@ class DrafterTesterMixin:
     drafter_kwargs: dict
     reduced_vocabulary = True  # a draft head over the most frequent target tokens (`draft_vocab_size`) applies
     refused_in_generate = "does not match the target"  # the error of generate() with the last mismatched target
+    own_remote_code = True  # False: a configuration of another family's classes, whose remote code is tested there
 
     def make(self, target, tokenizer=None, **overrides):
         torch.manual_seed(0)
@@ -87,6 +88,8 @@ class DrafterTesterMixin:
         """Loaded with `trust_remote_code=True` in a process that cannot import angelspec_hf, the drafter drafts in
         `generate(assistant_model=...)` (one sequence, and a padded batch through the engine) and through its
         folder's `custom_generate/generate.py`; every output equals the target's plain greedy decoding."""
+        if not self.own_remote_code:
+            pytest.skip("the same classes and remote code as the family's default configuration, tested there")
         target = make_target("llama", num_hidden_layers=4, dtype=torch.float32)
         target.save_pretrained(tmp_path / "target")
         drafter = self.make_reduced(target, 32)
@@ -189,6 +192,7 @@ class TestMTP(DrafterTesterMixin):
 class TestMTPEagle3Layout(DrafterTesterMixin):
     drafter_class = AngelSpecMTPDrafter
     drafter_kwargs = dict(num_depths=3, input_layout="eagle3")
+    own_remote_code = False
 
 
 class TestDFly(DrafterTesterMixin):
@@ -206,6 +210,7 @@ class TestDFlash(DrafterTesterMixin):
         per_layer_context_mix=False,
         ar_head=False,
     )
+    own_remote_code = False
 
 
 class TestSuffix(DrafterTesterMixin):
