@@ -10,10 +10,32 @@ metric (one example per round), for code that collects predictions the `evaluate
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 import datasets
 import evaluate
+
+
+def round_profile(round_seconds: list[tuple[float, float, float]]) -> dict | None:
+    """Where a decoding round's time goes: the median over rounds of the milliseconds in the target forward, in
+    drafting, and in the rest (the generation loop, the verify policy, acceptance, cache trimming: what a lean loop
+    removes), from (forward, drafting, whole round) seconds per round; None without timed rounds."""
+    if not round_seconds:
+        return None
+    return {
+        "target_forward_ms": 1000 * statistics.median(f for f, _, _ in round_seconds),
+        "draft_ms": 1000 * statistics.median(d for _, d, _ in round_seconds),
+        "rest_ms": 1000 * statistics.median(w - f - d for f, d, w in round_seconds),
+        "rounds": len(round_seconds),
+    }
+
+
+def format_round_profile(profile: dict | None) -> str:
+    """A round profile as "target / draft / rest" milliseconds ("—" where no round was timed)."""
+    if not profile:
+        return "—"
+    return f"{profile['target_forward_ms']:.1f} / {profile['draft_ms']:.1f} / {profile['rest_ms']:.1f}"
 
 
 @dataclass
@@ -27,6 +49,8 @@ class SpeculationStats:
     accepted: list[int] = field(default_factory=list)
     draft_seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    # (target forward, drafting, whole round) seconds of each timed round: from one drafting round to the next
+    round_seconds: list[tuple[float, float, float]] = field(default_factory=list)
 
     def add_drafting_time(self, drafting) -> None:
         """Add a finished drafting round's time (a `DraftRound`), split into the first token and the further ones."""
@@ -39,6 +63,14 @@ class SpeculationStats:
         self.drafted.append(drafted)
         self.accepted.append(accepted)
 
+    def record_round_time(self, forward: float, draft: float, whole: float) -> None:
+        """A round's seconds: in the target forward, in drafting, in all (the rest is the loop's own work)."""
+        self.round_seconds.append((forward, draft, whole))
+
+    def round_profile(self) -> dict | None:
+        """The median per-round milliseconds of the target forward, of drafting and of the rest (`round_profile`)."""
+        return round_profile(self.round_seconds)
+
     def __add__(self, other: "SpeculationStats") -> "SpeculationStats":
         phases = dict(self.phase_seconds)
         for name, seconds in other.phase_seconds.items():
@@ -48,6 +80,7 @@ class SpeculationStats:
             self.accepted + other.accepted,
             self.draft_seconds + other.draft_seconds,
             phases,
+            self.round_seconds + other.round_seconds,
         )
 
     @property
@@ -79,6 +112,7 @@ class SpeculationStats:
             "target_forwards": self.target_forwards,
             "tokens": self.tokens,
             "draft_seconds": self.draft_seconds,
+            "round_profile": self.round_profile(),
         }
 
 

@@ -99,6 +99,14 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
     for speculative in results["methods"][1:]:
         assert speculative["identical_fraction"] == 1.0 and speculative["divergences"] == 0
         assert speculative["tau"] >= 1.0 and speculative["target_forwards"] > 0
+    for method in results["methods"]:  # every method's rounds: AR's and transformers' own by forward hooks
+        profile = method["round_profile"]
+        assert profile["rounds"] > 0 and profile["target_forward_ms"] > 0 and profile["rest_ms"] > 0, method["name"]
+    assert (
+        by_name["ar"]["round_profile"]["draft_ms"]
+        == 0
+        < by_name["mtp:drafter[constant-2]"]["round_profile"]["draft_ms"]
+    )
     for name in ("mtp:drafter[constant-2]", "dflash:dflash[constant-2]"):  # every round verifies exactly two drafts
         assert len(by_name[name]["acceptance_by_depth"]) == 2 and 0.0 < by_name[name]["draft_fraction"] < 1.0
     for name in ("mtp:drafter[dcut]", "mtp:drafter[heuristic]", "dflash:dflash[dcut]", "dflash:dflash[heuristic]"):
@@ -121,6 +129,10 @@ def test_bench_reports_each_method_against_ar(smollm2_tokenizer, tmp_path, capsy
     )
     assert draft > 0 and target_share > 0 and abs(draft + target_share + other - 100) <= 2  # percentages, rounded
     assert cells[METHOD_COLUMNS.index("divergences (near-tie)")] == "0 (0)"
+    forward_ms, draft_ms, rest_ms = (
+        float(ms) for ms in cells[METHOD_COLUMNS.index("round ms: target / draft / rest")].split(" / ")
+    )
+    assert forward_ms > 0 and draft_ms > 0
     lookup_row = next(line for line in printed.splitlines() if line.startswith("| prompt-lookup[3] |"))
     assert "| — / " in lookup_row  # transformers' own drafting is not timed apart
     assert float(cells[METHOD_COLUMNS.index("peak RSS MiB")]) > 0
@@ -203,6 +215,7 @@ def test_engine_bench_reports_every_policy_at_every_concurrency(smollm2_tokenize
                 assert math.isfinite(run[key]) and run[key] >= 0, (run["name"], key)
             assert run["identical_fraction"] == 1.0 and not run["errors"]
             assert run["peak_rows"] == level["concurrency"] and run["generated_tokens"] > 0
+            assert run["round_profile"]["rounds"] == run["rounds"] and run["round_profile"]["target_forward_ms"] > 0
             repeats = run["repeat_tokens_per_s"]  # the runs took turns; the median of both repeats counts
             assert len(repeats) == 2 and run["tokens_per_s"] == pytest.approx(sum(repeats) / 2)
             ar_repeats = level["runs"][0]["repeat_tokens_per_s"]  # speedup: paired with AR's run of each repeat

@@ -215,3 +215,43 @@ def test_empty_prompt_is_refused(smollm2_tokenizer):
     drafter = AngelSpecMTPDrafter.from_target(target)
     with pytest.raises(ValueError, match="[Ee]mpty"):
         target.generate(torch.zeros(1, 0, dtype=torch.long), max_new_tokens=3, assistant_model=drafter)
+
+
+def test_a_round_profile_splits_each_round_into_the_target_forward_drafting_and_the_rest(monkeypatch):
+    """`speculation_stats.round_profile()` (and the engine's) gives the median milliseconds of a round in the target
+    forward, in drafting and in the rest: time added to the target's forward lands in the first, time added to the
+    verify policy's bookkeeping (after verification) in the last."""
+    import time
+
+    from angelspec_hf.generation.engine import Request, SpeculativeEngine
+
+    target = make_target("llama", num_hidden_layers=2, seed=3)
+    drafter = AngelSpecMTPDrafter.from_target(target, num_depths=2)
+    drafter.generation_config.update(num_assistant_tokens=2, num_assistant_tokens_schedule="constant")
+    prompt = torch.tensor([[3, 1, 4, 1, 5]])
+    target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=drafter)
+    quick = drafter.speculation_stats.round_profile()
+    # every round is timed but the last, whose end the loop does not report (nor the prefill, stats' first entry)
+    assert quick["rounds"] == len(drafter.speculation_stats.drafted) - 2
+    assert quick["draft_ms"] > 0 and quick["rest_ms"] < 15
+    forward = target.forward
+
+    def slow_forward(*args, **kwargs):
+        time.sleep(0.02)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(target, "forward", slow_forward)
+    monkeypatch.setattr(policies.VerifyPolicy, "observe", lambda *args: time.sleep(0.03))
+    target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=drafter)
+    slow = drafter.speculation_stats.round_profile()
+    engine = SpeculativeEngine(target, drafter, max_batch_size=2)
+    engine.generate([Request([3, 1, 4], max_new_tokens=10), Request([9, 2], max_new_tokens=10)])
+    batched = target.generate(
+        torch.tensor([[3, 1, 4], [9, 2, 6]]), max_new_tokens=8, do_sample=False, assistant_model=drafter
+    )
+    assert slow["target_forward_ms"] >= 20 and slow["target_forward_ms"] - quick["target_forward_ms"] >= 12
+    assert slow["rest_ms"] >= 30
+    assert 0 < slow["draft_ms"] < 30  # neither sleep is counted as drafting
+    served = engine.stats.round_profile()
+    assert served["target_forward_ms"] >= 20 and served["rest_ms"] >= 30 and served["rounds"] == engine.stats.rounds
+    assert batched.shape[0] == 2 and drafter.speculation_stats.round_profile()["rest_ms"] >= 30

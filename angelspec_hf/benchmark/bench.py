@@ -26,7 +26,7 @@ from ..generation.policies import DCut, VerifyPolicy, resolve_policy
 from ..generation.session import forget_served_requests, memory_of
 from ..generation.timing import device_clock
 from ..generation.verify_cost import load_cost_model
-from ..metrics import SpeculationStats, SpeculativeAcceptance
+from ..metrics import SpeculationStats, SpeculativeAcceptance, format_round_profile
 from ..prompts import encode_chat, load_prompts
 from .divergence import divergence
 from .engine_bench import main as engine_main
@@ -78,6 +78,7 @@ class MethodResult:
             "identical": self.identical,
             "draft_fraction": self.stats.draft_seconds / self.seconds if self.seconds else 0.0,
             "time_split": self.time_split(),
+            "round_profile": self.stats.round_profile(),
             "divergences": self.divergences,
             "near_tie_divergences": self.near_tie_divergences,
             "new_tokens": self.new_tokens,
@@ -134,20 +135,29 @@ class TargetForwardMeter:
     def __init__(self, target):
         self.device = target.device
         self.count, self.seconds, self._start, self.peak_bytes = 0, 0.0, 0.0, 0
+        self.spans: list[tuple[float, float]] = []  # (start, end) of each forward since the last reset
         self.handles = [target.register_forward_pre_hook(self._before), target.register_forward_hook(self._after)]
 
     def reset(self) -> None:
-        self.count, self.seconds, self.peak_bytes = 0, 0.0, 0
+        self.count, self.seconds, self.peak_bytes, self.spans = 0, 0.0, 0, []
 
     def _before(self, *args):
         self._start = device_clock(self.device)
 
     def _after(self, *args):
         self.count += 1
-        self.seconds += device_clock(self.device) - self._start
+        end = device_clock(self.device)
+        self.seconds += end - self._start
+        self.spans.append((self._start, end))
         self.peak_bytes = max(
             self.peak_bytes, resident_memory_bytes(self.device)
         )  # at the forward's peak: outputs held
+
+    def round_seconds(self) -> list[tuple[float, float, float]]:
+        """(forward, drafting, whole round) seconds of each round after the prefill, a round running from one
+        forward's start to the next's, for a method that does not time its rounds itself (plain decoding;
+        transformers' own drafters, whose drafting is not timed apart and so counts in the rest)."""
+        return [(end - start, 0.0, after - start) for (start, end), (after, _) in zip(self.spans[1:], self.spans[2:])]
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -201,8 +211,10 @@ def run_benchmark(
                 result.peak_rss_bytes = max(result.peak_rss_bytes, meter.peak_bytes)
                 result.new_tokens += output.shape[1] - input_ids.shape[1]
                 result.prompts += 1
-                if method.drafter is not None:
+                if method.drafter is not None:  # its rounds timed by its own decoding session
                     result.stats = result.stats + memory_of(method.drafter).stats
+                else:
+                    result.stats.round_seconds += meter.round_seconds()
                 if reference is None:
                     reference = output  # AR runs first
                 _compare(result, output, reference, target)
@@ -272,7 +284,8 @@ def machine_state() -> dict:
 
 def format_table(results: dict) -> str:
     header = (
-        f"{'method':<40} {'tau':>6} {'tok/s':>8} {'speedup':>8} {'identical':>9} {'draft%':>7}  acceptance by depth"
+        f"{'method':<40} {'tau':>6} {'tok/s':>8} {'speedup':>8} {'identical':>9} {'draft%':>7} "
+        f"{'round ms: target/draft/rest':>27}  acceptance by depth"
     )
     lines = [header, "-" * len(header)]
     for method in results["methods"]:
@@ -282,7 +295,8 @@ def format_table(results: dict) -> str:
         depths = " ".join(f"{rate:.2f}" for rate in method["acceptance_by_depth"])
         lines.append(
             f"{method['name']:<40} {method['tau']:>6.2f} {method['tokens_per_s']:>8.2f} {method['speedup']:>7.2f}x "
-            f"{method['identical_fraction']:>9.0%} {method.get('draft_fraction', 0):>7.1%}  {depths}"
+            f"{method['identical_fraction']:>9.0%} {method.get('draft_fraction', 0):>7.1%} "
+            f"{format_round_profile(method.get('round_profile')):>27}  {depths}"
         )
     return "\n".join(lines)
 
@@ -295,6 +309,7 @@ METHOD_COLUMNS = (
     "identical to AR",
     "divergences (near-tie)",
     "time: draft / target / other",
+    "round ms: target / draft / rest",
     "peak RSS MiB",
     "acceptance by depth",
 )
@@ -324,6 +339,7 @@ def method_row(method: dict, *leading: str) -> str:
             f"{method['identical']}/{method['prompts']}",
             f"{method['divergences']} ({method['near_tie_divergences']})",
             _time_split_cell(method["time_split"]),
+            format_round_profile(method.get("round_profile")),
             f"{method['peak_rss_mib']:.0f}",
             ", ".join(f"{rate:.2f}" for rate in method["acceptance_by_depth"]) or "—",
         ]

@@ -21,7 +21,7 @@ from ..generation.engine import Request, SpeculativeEngine
 from ..generation.policies import parse_label, profiled_rows
 from ..generation.session import forget_served_requests, memory_of
 from ..generation.verify_cost import load_cost_model
-from ..metrics import SpeculationStats
+from ..metrics import SpeculationStats, format_round_profile
 from ..prompts import encode_chat
 from .divergence import NEAR_TIE_GAP, divergence
 
@@ -51,6 +51,7 @@ def engine_run(
         "time_split": {name: value / stats.seconds for name, value in stats.phase_seconds.items()}
         if stats.seconds
         else {},
+        "round_profile": stats.round_profile(),
         "peak_rows": stats.peak_rows,
         "peak_kv_cache_mib": stats.peak_cache_bytes / 2**20,
         "peak_rss_mib": stats.peak_rss_bytes / 2**20,
@@ -194,15 +195,17 @@ def format_engine_table(report: dict) -> str:
     """Markdown: one row per (concurrency, method)."""
     warm = ["Warm runs (--warm): each drafter kept the outputs of the runs before it (served_before in the JSON).\n"]
     lines = (warm if report.get("warm") else []) + [
-        "| concurrency | method | tokens/s | vs batched AR | decode tokens/s | τ | identical to AR | peak KV cache MiB | peak RSS MiB |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| concurrency | method | tokens/s | vs batched AR | decode tokens/s | τ | identical to AR | "
+        "round ms: target / draft / rest | peak KV cache MiB | peak RSS MiB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for level in report["concurrency"]:
         for run in level["runs"]:
             lines.append(
                 f"| {level['concurrency']} | {run['name']} | {run['tokens_per_s']:.1f} | {run['speedup']:.2f}× | "
                 f"{run['decode_tokens_per_s']:.1f} | "
-                f"{run['tau']:.2f} | {run['identical_fraction']:.0%} | {run['peak_kv_cache_mib']:.1f} | {run['peak_rss_mib']:.0f} |"
+                f"{run['tau']:.2f} | {run['identical_fraction']:.0%} | {format_round_profile(run.get('round_profile'))} | "
+                f"{run['peak_kv_cache_mib']:.1f} | {run['peak_rss_mib']:.0f} |"
             )
     for drafter, entry in report["summary"].items():
         ratios = ", ".join(

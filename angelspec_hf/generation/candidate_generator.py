@@ -13,13 +13,16 @@ or `"heuristic"`, with `num_assistant_tokens` the most drafted per round. Unlike
 
 from __future__ import annotations
 
+import time
 import warnings
+import weakref
 
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from .session import DecodingSession
+from .timing import ForwardClock
 
 
 class AngelSpecCandidateGenerator(CandidateGenerator):
@@ -71,10 +74,25 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         self.pending_tokens = input_ids[:, :0]
         self.drafting = None  # this round's `DraftRound`, None when it drafted nothing
         self.num_drafted = 0
+        # A round runs from one call here to the next: its target forward is timed by hooks, removed once transformers'
+        # loop drops this generator (CPython frees it when `generate()` returns), its drafting by the `DraftRound`.
+        self.forwards = ForwardClock(target)
+        weakref.finalize(self, self.forwards.remove)
+        self.round_started: float | None = None
+
+    def time_round(self) -> None:
+        """Record the round that ends here (`SpeculationStats.round_profile`); the prefill before the first is none."""
+        now = time.perf_counter()
+        forward = self.forwards.take()
+        if self.round_started is not None:
+            draft = self.drafting.seconds if self.drafting is not None else 0.0
+            self.session.stats.record_round_time(forward, draft, now - self.round_started)
+        self.round_started = now
 
     def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, **kwargs):
         if is_first_iteration:  # let the target prefill first: its hidden states condition the first draft
             return input_ids, None
+        self.time_round()
         length = input_ids.shape[1]
         num_new = length - 1 - self.num_seen
         new_hidden = tuple(model_outputs.hidden_states[i][:, :num_new] for i in self.hidden_indices)

@@ -35,10 +35,11 @@ import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from ..cache_utils import RaggedCache, pad_pending, sliding_windows
-from ..metrics import SpeculationStats
+from ..metrics import SpeculationStats, round_profile
 from .draft_round import DraftRound
 from .policies import RowState, VerifyPolicy
 from .session import DecodingSession
+from .timing import device_clock
 
 
 @dataclass
@@ -82,6 +83,11 @@ class EngineStats:
     peak_cache_bytes: int = 0
     peak_rss_bytes: int = 0
     skipped_drafts: int = 0  # rounds in which the policy (D-cut) decided that no draft could pay for its verification
+    round_seconds: list[tuple[float, float, float]] = field(default_factory=list)  # (forward, drafting, whole round)
+
+    def round_profile(self) -> dict | None:
+        """Median milliseconds per round in the target forward, in drafting and in the rest (`metrics.round_profile`)."""
+        return round_profile(self.round_seconds)
 
 
 @dataclass
@@ -246,13 +252,17 @@ class SpeculativeEngine:
         with `finish_reason="error"`; one in the batch's shared forwards cannot be pinned on a request, so it
         finishes the rows running at that moment (with the error) and the engine goes on with the waiting ones."""
         self._admit()
+        timing = None
         if self.rows:
+            start = time.perf_counter()
             try:
-                self._round()
+                timing = self._round()
             except Exception as error:  # noqa: BLE001  (reported on every affected request, never swallowed)
                 self._fail_running(error)
         self._record_memory()
         self._retire()
+        if timing is not None:  # the round and its bookkeeping, the admissions' prefills apart
+            self.stats.round_seconds.append((*timing, time.perf_counter() - start))
 
     @torch.no_grad()
     def generate(self, requests, progress: bool = False, **defaults) -> list[RequestOutput]:
@@ -376,12 +386,14 @@ class SpeculativeEngine:
 
     # -- one round ----------------------------------------------------------------------------------------------------
 
-    def _round(self) -> None:
+    def _round(self) -> tuple[float, float]:
+        """One draft-verify round; returns its seconds in the target forward and in drafting."""
         self.stats.rounds += 1
         self.stats.peak_rows = max(self.stats.peak_rows, len(self.rows))
         drafts, draft_logits, drafting = self._draft()
         depths = self._depths(drafts, drafting)
-        self._verify(drafts, draft_logits, drafting, depths)
+        forward = self._verify(drafts, draft_logits, drafting, depths)
+        return forward, drafting.seconds if drafting is not None else 0.0
 
     def _draft(self) -> tuple[torch.LongTensor, torch.Tensor | None, DraftRound | None]:
         """Every row's drafts [B, K] (target vocabulary), their draft logits and the `DraftRound` that chose them;
@@ -454,8 +466,9 @@ class SpeculativeEngine:
         caps = [max(0, min(drafts.shape[1], row.remaining - 1, usable[r])) for r, row in enumerate(self.rows)]
         return self.session.depths(drafting, caps, [row.policy_row for row in self.rows])
 
-    def _verify(self, drafts, draft_logits, drafting: DraftRound | None, depths: list[int]) -> None:
-        """One target forward over every row's [next token, kept drafts]; accept per row; update both caches."""
+    def _verify(self, drafts, draft_logits, drafting: DraftRound | None, depths: list[int]) -> float:
+        """One target forward over every row's [next token, kept drafts]; accept per row; update both caches.
+        Returns the forward's seconds."""
         start = time.perf_counter()
         width = 1 + max(depths)
         chunk = torch.zeros(len(self.rows), width, dtype=torch.long, device=self.device)
@@ -466,6 +479,7 @@ class SpeculativeEngine:
         self.cache.append(
             torch.arange(width, device=self.device)[None, :] < torch.tensor(depths, device=self.device)[:, None] + 1
         )
+        forward_start = device_clock(self.device)
         out = self.target(
             input_ids=chunk,
             position_ids=positions,
@@ -474,6 +488,7 @@ class SpeculativeEngine:
             use_cache=True,
             output_hidden_states=self.hidden_indices or False,  # only the tapped layers are kept
         )
+        forward = device_clock(self.device) - forward_start
         keep = torch.zeros(len(self.rows), width, dtype=torch.bool, device=self.device)
         observed, accepted_counts = (
             list(depths),
@@ -515,6 +530,7 @@ class SpeculativeEngine:
                 self.draft_state, drafting, observed, accepted_counts, [row.policy_row for row in self.rows]
             )
         self.stats.phase_seconds["verify"] += time.perf_counter() - start
+        return forward
 
     def _accept_sampled(
         self, row: _Row, logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None

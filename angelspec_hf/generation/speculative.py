@@ -139,6 +139,7 @@ def batched_speculative_decoding(
         )
     pooled = sum((output.stats for output in outputs), SpeculationStats())
     pooled.draft_seconds = engine.stats.phase_seconds["draft"]
+    pooled.round_seconds = engine.stats.round_seconds  # the batch's rounds, shared by its rows
     engine.session.report(pooled)
     if generation_config.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(sequences=sequences)

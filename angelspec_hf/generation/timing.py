@@ -1,5 +1,6 @@
 """Wall-clock readings that mean what they say on an accelerator: CUDA kernels run asynchronously, so a reading taken
-while the device still works on queued kernels times the launch, not the work."""
+while the device still works on queued kernels times the launch, not the work. `ForwardClock` times a module's
+forwards with hooks, for loops that do not call the target themselves (transformers' assisted-decoding loop)."""
 
 from __future__ import annotations
 
@@ -14,3 +15,30 @@ def device_clock(device: torch.device | str) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
+
+
+class ForwardClock:
+    """Times every forward of `module` (hooks, removed by `remove()`): `take()` returns the seconds spent in its
+    forwards since the last `take()`."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.device = next(module.parameters()).device
+        self.seconds, self._start = 0.0, 0.0
+        self.handles = [  # first before and last after the module's other hooks: the whole call is timed
+            module.register_forward_pre_hook(self._before, prepend=True),
+            module.register_forward_hook(self._after),
+        ]
+
+    def _before(self, *args) -> None:
+        self._start = device_clock(self.device)
+
+    def _after(self, *args) -> None:
+        self.seconds += device_clock(self.device) - self._start
+
+    def take(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
