@@ -266,3 +266,30 @@ def test_timings_on_cuda_wait_for_the_device(monkeypatch):
     assert synchronized == []
     device_clock("cuda:0")
     assert synchronized == ["cuda:0"]
+
+
+def test_a_noisy_non_monotone_profile_is_fitted_to_never_decrease(monkeypatch):
+    """A verify forward of more tokens, or of more rows, never costs less: medians that say otherwise (a burst of
+    load, a kernel switch) are replaced by their least-squares non-decreasing fit, and kept beside it."""
+    import time
+
+    fitted = verify_cost.monotone_fit([[0.0546, 0.0508, 0.07, 0.104, 0.088], [0.05, 0.06, 0.05, 0.2, 0.1]])
+    assert fitted == [
+        pytest.approx([0.0527, 0.0527, 0.07, 0.096, 0.096]),
+        pytest.approx([0.0527, 0.055, 0.07, 0.15, 0.15]),
+    ]
+    target = make_target("qwen2", seed=9, dtype=torch.float32)
+    delays = {1: 0.012, 2: 0.002, 3: 0.02, 4: 0.006}  # seconds added to a forward of that many new tokens
+    forward = target.forward
+
+    def uneven(*args, input_ids=None, **kwargs):
+        time.sleep(delays.get(input_ids.shape[1], 0.0))
+        return forward(*args, input_ids=input_ids, **kwargs)
+
+    monkeypatch.setattr(target, "forward", uneven)
+    model = verify_cost.profile_verify_cost(target, rows=[1, 2], tokens=[1, 2, 3, 4], repeats=2, progress=False)
+    assert model.measured[0][1] < model.measured[0][0] and model.measured[0][3] < model.measured[0][2]
+    for line in model.seconds:
+        assert all(a <= b for a, b in zip(line, line[1:])), line
+    assert all(a <= b for a, b in zip(*model.seconds))
+    assert model.problem() is None

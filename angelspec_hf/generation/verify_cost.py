@@ -1,5 +1,8 @@
 """The verify-cost profile D-cut plans with (AngelSpec §4): the target's verify-forward latency on this machine for
-each batch size and tokens per row, measured once and cached (`measurements`)."""
+each batch size and tokens per row, measured once and cached (`measurements`, keyed by the machine and its
+linear-kernel plan). Verifying more tokens, or more rows, never costs less: the profile D-cut plans with is the
+measured medians' closest fit that never decreases (`monotone_fit`), so that one noisy width (a burst of load, a
+kernel switch between 2 and 4 tokens) does not become a width D-cut prefers; the medians are kept beside it."""
 
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ class VerifyCostModel:
     seconds: list[list[float]]
     context: int
     machine: dict = field(default_factory=dict)
+    measured: list[list[float]] | None = None  # the medians `seconds` was fitted to, when profiled
 
     def __post_init__(self):
         self._memo: dict[tuple[int, int], float] = {}  # asked each round for the same few shapes: computed once
@@ -93,6 +97,24 @@ def _counts_problem(name: str, values) -> str | None:
     return None
 
 
+def monotone_fit(seconds: list[list[float]]) -> list[list[float]]:
+    """The least-squares fit of a profile (`seconds[i][j]`: rows[i] × tokens[j]) that never decreases with tokens per
+    row (pool-adjacent-violators along each row), then with rows (each row raised to the one before it where lower:
+    the elementwise maximum of non-decreasing rows is non-decreasing)."""
+    fitted = []
+    for line in seconds:
+        blocks: list[list[float]] = []  # [mean, count] of pooled neighbours, means increasing
+        for value in line:
+            blocks.append([value, 1])
+            while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+                (mean, count), (last, size) = blocks[-2], blocks.pop()
+                blocks[-1] = [(mean * count + last * size) / (count + size), count + size]
+        fitted.append([mean for mean, count in blocks for _ in range(count)])
+    for before, line in zip(fitted, fitted[1:]):
+        line[:] = [max(a, b) for a, b in zip(before, line)]
+    return fitted
+
+
 def _interpolate(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
     """Piecewise linear through (xs, ys): flat below the first point, extended along the last segment beyond the
     last one (proportionally when there is a single point)."""
@@ -114,9 +136,10 @@ def profile_verify_cost(
     repeats: int = 5,
     progress: bool = True,
 ) -> VerifyCostModel:
-    """Time target forwards of `rows` × `tokens` new tokens over a `context`-token KV cache (median of `repeats`).
-    The token counts of a row count take turns within each repeat, so a burst of load on a shared machine lands on
-    one repeat of each rather than on all repeats of one."""
+    """Time target forwards of `rows` × `tokens` new tokens over a `context`-token KV cache (median of `repeats`),
+    fitted to never decrease (`monotone_fit`; the medians are kept as `measured`). The token counts of a row count
+    take turns within each repeat, so a burst of load on a shared machine lands on one repeat of each rather than on
+    all repeats of one."""
     rows, tokens = sorted(set(rows)), sorted(set(tokens))
     for name, values in (("rows", rows), ("tokens", tokens)):
         problem = _counts_problem(name, values)
@@ -152,7 +175,9 @@ def profile_verify_cost(
             bar.update()
         seconds.append([sorted(times)[len(times) // 2] for times in timings])
     bar.close()
-    return VerifyCostModel(list(rows), list(tokens), seconds, context, machine_description(target))
+    return VerifyCostModel(
+        list(rows), list(tokens), monotone_fit(seconds), context, machine_description(target), measured=seconds
+    )
 
 
 def cost_model_path(target) -> str:
