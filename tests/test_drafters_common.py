@@ -246,6 +246,7 @@ def test_model_cards_hold_no_code_and_no_weights_twice():
     for path in glob.glob(f"{CARDS}/**/config.json", recursive=True):
         with open(path) as handle:
             assert "auto_map" not in handle.read(), f"{path} points at remote code it does not hold"
+        assert os.path.isfile(os.path.join(os.path.dirname(path), "generation_config.json")), path  # drafting settings
     digests = {}
     for path in glob.glob(f"{CARDS}/**/*.safetensors", recursive=True):
         with open(path, "rb") as handle:
