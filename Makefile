@@ -1,6 +1,7 @@
 # Two commands on a fresh machine: `make demo` and `make test` (each creates .venv and installs on first use).
 VENV ?= .venv
-# One pytest worker per core (each with one torch thread, tests/conftest.py); the χ² tests dominate the run.
+# One pytest worker per core (each with one torch thread, tests/conftest.py); the χ² tests dominate the run, and run
+# first (conftest); an idle worker steals queued tests from the busy one (--dist worksteal), so neither waits at the end.
 TEST_WORKERS ?= $(shell nproc)
 # More pytest arguments, e.g. PYTEST_ARGS="tests/test_engine.py -x"
 PYTEST_ARGS ?=
@@ -27,7 +28,7 @@ demo: install
 test: install
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
-	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 bench: install
 	$(PYTHON) -m angelspec_hf.cli bench --drafter model_cards/smollm2-135m-instruct-mtp --prompts mt_bench --max-new-tokens 128 --output results/mt_bench.json
