@@ -213,7 +213,8 @@ class RoutingPolicy:
     def choice(self, state, r: int, pending: list[int] = ()) -> tuple[int, int | None, bool]:
         """Request r's member for this round, its outlook bucket, and whether it is a try: a member without an
         outlook due a try (the cheapest first), else the best score; where no score beats decoding without drafts,
-        a member that reads for free and has a match (the suffix member: `promised_gain` lets its cut decide).
+        a member that reads for free and has a match (the suffix member: `plan` promises at least FREE_ROUND_GAIN
+        for it, so its cut decides).
 
         A try displaces the member that would have drafted the round, so a due try of a member with a record (one
         tried before, on any request) waits for an idle round, one where no other member's score beats decoding
