@@ -24,7 +24,7 @@ from ..generation.engine import resident_memory_bytes
 from ..generation.measurements import installed_plan
 from ..generation.policies import DCut, VerifyPolicy, resolve_policy
 from ..generation.session import forget_served_requests, memory_of
-from ..generation.timing import device_clock
+from ..generation.timing import ForwardClock, device_clock
 from ..generation.verify_cost import load_cost_model
 from ..metrics import SpeculationStats, SpeculativeAcceptance, format_round_profile
 from ..prompts import encode_chat, load_prompts
@@ -128,40 +128,35 @@ def drafter_methods(
     return methods
 
 
-class TargetForwardMeter:
+class TargetForwardMeter(ForwardClock):
     """Counts and times target forwards with hooks, for any method (built-in ones too): τ = new tokens / forwards,
-    the verify share of a round, and the peak memory in use at the end of a forward."""
+    the verify share of a round, the rounds of a method that does not time its own, and the peak memory in use at
+    the end of a forward."""
 
     def __init__(self, target):
-        self.device = target.device
-        self.count, self.seconds, self._start, self.peak_bytes = 0, 0.0, 0.0, 0
-        self.spans: list[tuple[float, float]] = []  # (start, end) of each forward since the last reset
-        self.handles = [target.register_forward_pre_hook(self._before), target.register_forward_hook(self._after)]
+        super().__init__(target)
+        self.peak_bytes = 0
 
     def reset(self) -> None:
-        self.count, self.seconds, self.peak_bytes, self.spans = 0, 0.0, 0, []
+        self.spans, self.peak_bytes = [], 0
 
-    def _before(self, *args):
-        self._start = device_clock(self.device)
+    @property
+    def count(self) -> int:
+        return len(self.spans)
 
-    def _after(self, *args):
-        self.count += 1
-        end = device_clock(self.device)
-        self.seconds += end - self._start
-        self.spans.append((self._start, end))
-        self.peak_bytes = max(
-            self.peak_bytes, resident_memory_bytes(self.device)
-        )  # at the forward's peak: outputs held
+    @property
+    def seconds(self) -> float:
+        return sum(end - start for start, end in self.spans)
+
+    def _after(self, *args) -> None:
+        super()._after()
+        self.peak_bytes = max(self.peak_bytes, resident_memory_bytes(self.device))  # at the forward's peak
 
     def round_seconds(self) -> list[tuple[float, float, float]]:
         """(forward, drafting, whole round) seconds of each round after the prefill, a round running from one
         forward's start to the next's, for a method that does not time its rounds itself (plain decoding;
         transformers' own drafters, whose drafting is not timed apart and so counts in the rest)."""
         return [(end - start, 0.0, after - start) for (start, end), (after, _) in zip(self.spans[1:], self.spans[2:])]
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
 
 
 def run_benchmark(

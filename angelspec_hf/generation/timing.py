@@ -18,13 +18,15 @@ def device_clock(device: torch.device | str) -> float:
 
 
 class ForwardClock:
-    """Times every forward of `module` (hooks, removed by `remove()`): `take()` returns the seconds spent in its
-    forwards since the last `take()`."""
+    """Times every forward of `module` with hooks, first before and last after its other hooks (`remove()` takes
+    them off): `spans` holds each forward's (start, end) readings, `take()` the seconds spent in forwards since the
+    last `take()`."""
 
     def __init__(self, module: torch.nn.Module):
         self.device = next(module.parameters()).device
-        self.seconds, self._start = 0.0, 0.0
-        self.handles = [  # first before and last after the module's other hooks: the whole call is timed
+        self.spans: list[tuple[float, float]] = []
+        self._start = 0.0
+        self.handles = [
             module.register_forward_pre_hook(self._before, prepend=True),
             module.register_forward_hook(self._after),
         ]
@@ -33,10 +35,11 @@ class ForwardClock:
         self._start = device_clock(self.device)
 
     def _after(self, *args) -> None:
-        self.seconds += device_clock(self.device) - self._start
+        self.spans.append((self._start, device_clock(self.device)))
 
     def take(self) -> float:
-        seconds, self.seconds = self.seconds, 0.0
+        seconds = sum(end - start for start, end in self.spans)
+        self.spans = []
         return seconds
 
     def remove(self) -> None:
