@@ -47,7 +47,7 @@ def temperature(text: str) -> float:
 
 
 def schedule_list(text: str) -> str:
-    """Comma-separated verify policies (`policies.parse_label`): `dcut`, `heuristic`, `constant-K` (K >= 1)."""
+    """Comma-separated verify policies (`schedules.parse_label`): `dcut`, `heuristic`, `constant-K` (K >= 1)."""
     labels = [label.strip() for label in text.split(",") if label.strip()]
     if not labels:
         raise argparse.ArgumentTypeError(f"{text!r}: name at least one policy, e.g. dcut,constant-3")
@@ -57,8 +57,8 @@ def schedule_list(text: str) -> str:
 
 
 def policy(text: str) -> str:
-    """A verify policy label (`policies.parse_label`): `dcut`, `heuristic`, `constant` or `constant-K` (K >= 1)."""
-    from .generation.policies import parse_label
+    """A verify policy label (`schedules.parse_label`): `dcut`, `heuristic`, `constant` or `constant-K` (K >= 1)."""
+    from .generation.schedules import parse_label
 
     try:
         parse_label(text)

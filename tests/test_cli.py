@@ -347,9 +347,20 @@ def test_version_and_defaults_in_help(capsys):
     assert "(default: smollm2)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["bench", "--help"], ["suite", "--help"]])
-def test_help_and_version_import_neither_torch_nor_transformers(argv):
-    """What makes `angelspec --help` answer at once: the package and its parser import no heavy module."""
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["--version"],
+        ["bench", "--help"],
+        ["suite", "--help"],
+        ["bench", "--bogus"],
+        ["batch", "--policy", "x"],
+    ],
+)
+def test_help_version_and_bad_flags_import_neither_torch_nor_transformers(argv):
+    """What makes `angelspec --help` answer at once, and a wrong flag or policy label be refused at once: the
+    package and its parser (verify-policy labels included) import no heavy module."""
     code = (
         "import sys\n"
         "from angelspec_hf.cli import main\n"

@@ -18,7 +18,8 @@ import torch
 from transformers.utils.logging import tqdm  # honours transformers.utils.logging.disable_progress_bar()
 
 from ..generation.engine import Request, SpeculativeEngine
-from ..generation.policies import parse_label, profiled_rows
+from ..generation.policies import profiled_rows
+from ..generation.schedules import parse_label
 from ..generation.session import forget_served_requests, memory_of
 from ..generation.verify_cost import load_cost_model
 from ..metrics import SpeculationStats, format_round_profile

@@ -25,6 +25,7 @@ import torch
 
 from .dcut import ConfidenceCalibrator, dcut_depths
 from .draft_round import DraftRound
+from .schedules import CONSTANT, DCUT, HEURISTIC, parse_label
 from .verify_cost import VerifyCostModel, load_cost_model
 
 
@@ -99,7 +100,7 @@ class VerifyPolicy:
 class Constant(VerifyPolicy):
     """Verify `max_draft` drafted tokens every round (transformers' `constant` schedule)."""
 
-    schedule = "constant"
+    schedule = CONSTANT
 
     @property
     def label(self) -> str:
@@ -109,7 +110,7 @@ class Constant(VerifyPolicy):
 class Heuristic(VerifyPolicy):
     """transformers' rule per row: start at `max_draft`, +2 after a fully accepted round, -1 (not below 1) otherwise."""
 
-    schedule = "heuristic"
+    schedule = HEURISTIC
 
     def draft_count(self, rows, budget, backlog, promised_gain=None):
         return max(0, min(budget, max((row.depth for row in rows), default=0)))
@@ -166,7 +167,7 @@ class DCut(VerifyPolicy):
     Sequential drafting stops early once no further step can raise the round's rate.
     """
 
-    schedule = "dcut"
+    schedule = DCUT
 
     def __init__(self, max_draft: int, cost_model: VerifyCostModel | None = None):
         super().__init__(max_draft)
@@ -342,17 +343,6 @@ class DCut(VerifyPolicy):
 POLICIES: dict[str, type[VerifyPolicy]] = {policy.schedule: policy for policy in (Constant, Heuristic, DCut)}
 
 
-def parse_label(label: str) -> tuple[str, int | None]:
-    """A policy label as (schedule, tokens per round or None): `dcut`, `heuristic`, `constant` or `constant-K`."""
-    name, dash, number = str(label).strip().partition("-")
-    if name not in POLICIES or (dash and (name != "constant" or not number.isdigit() or int(number) < 1)):
-        raise ValueError(
-            f"Unknown verify policy {label!r}: num_assistant_tokens_schedule is one of {sorted(POLICIES)}; "
-            "constant-K (K >= 1) also sets num_assistant_tokens"
-        )
-    return name, int(number) if dash else None
-
-
 def resolve_policy(policy: VerifyPolicy | str | None, drafter, cost_model=None) -> VerifyPolicy:
     """The one place a verify policy is chosen.
 
@@ -368,7 +358,7 @@ def resolve_policy(policy: VerifyPolicy | str | None, drafter, cost_model=None) 
     most = drafter.max_num_draft_tokens()
     if most is not None and count > most:
         raise ValueError(f"{policy or name}: this drafter drafts at most {most} tokens per round, not {count}")
-    return DCut(count, cost_model) if name == "dcut" else POLICIES[name](count)
+    return DCut(count, cost_model) if name == DCUT else POLICIES[name](count)
 
 
 def draft_round(

@@ -275,6 +275,7 @@ REMOTE_CODE_HELPERS = (
     "generation/candidate_generator.py",
     "generation/engine.py",
     "generation/policies.py",
+    "generation/schedules.py",
     "generation/session.py",
     "generation/routing.py",
     "generation/dcut.py",
