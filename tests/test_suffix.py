@@ -288,6 +288,7 @@ def test_the_index_outputs_command_seeds_the_shared_index_of_a_suffix_drafter_or
     for argv, problem in (
         (["--drafter", tmp_path / "mtp", "--responses", tmp_path / "responses.jsonl.gz"], "neither a suffix drafter"),
         (["--drafter", tmp_path / "suffix", "--responses", tmp_path / "missing.jsonl.gz"], "no such file"),
+        (["--drafter", tmp_path / "suffix", "--responses", tmp_path / "evaluation.jsonl"], "no responses in it"),
         (
             ["--drafter", tmp_path / "suffix", "--responses", tmp_path / "responses.jsonl.gz", "--exclude", "nope"],
             "nope",

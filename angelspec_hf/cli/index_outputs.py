@@ -52,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     records = []
     for path in args.responses.split(","):
         ours = read_responses(path)
+        if not ours:  # not gzipped JSONL, or no complete record in it: seeding nothing is not what was asked
+            raise UsageError(f"--responses {path}: no responses in it (a gzipped JSONL of records with response_ids)")
         for record in ours:
             ids = record["response_ids"]
             record["response_ids"] = ids if isinstance(ids, list) else json.loads(ids)
