@@ -1,14 +1,13 @@
 """angelspec_hf: AngelSpec speculative decoding as Hugging Face models.
 
 Importing the package registers the drafters with the transformers Auto classes (`registration.py`: before
-transformers first looks a model type up); a drafter, once built or loaded, routes
+transformers first looks a model type up); importing the drafter classes routes
 `target.generate(input_ids, assistant_model=drafter)` to the AngelSpec candidate generator (a batch of sequences to
 the batched engine). `load_drafter(name)` finds the shipped drafters by name. The names below are imported on first
 use, as transformers' own are, so that `import angelspec_hf` (and `angelspec --help`) does not import torch.
 """
 
-import importlib
-
+from .lazy import lazy_exports
 from .registration import register_on_first_lookup
 
 
@@ -36,16 +35,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 register_on_first_lookup()

@@ -2,7 +2,7 @@
 and its policies. The names below are imported on first use, so that a light module here (`schedules`) imports
 without torch."""
 
-import importlib
+from ..lazy import lazy_exports
 
 
 _EXPORTS = {
@@ -17,13 +17,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
