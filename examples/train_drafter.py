@@ -33,6 +33,7 @@ from angelspec_hf.training import (  # noqa: E402
     last_complete_checkpoint,
     precompute_hidden_states,
 )
+from angelspec_hf.training.continuation import checkpoint_from_card  # noqa: E402
 from angelspec_hf.training.regenerate import read_responses  # noqa: E402
 
 
@@ -50,6 +51,14 @@ class DrafterArguments:
         metadata={
             "help": "a trained drafter folder to start from (its architecture, weights and draft vocabulary; the "
             "run has its own optimizer and schedule): continued training on new data"
+        },
+    )
+    continue_from: str | None = field(
+        default=None,
+        metadata={
+            "help": "a card `angelspec snapshot` wrote from this run: when output_dir holds no checkpoint (a new "
+            "machine), the run goes on from the card's weights and history (steps, CPU-hours, tokens), with a fresh "
+            "optimizer and warm-up"
         },
     )
     draft_vocab_size: int | None = field(default=None, metadata={"help": "reduced draft vocabulary size (None: full)"})
@@ -101,12 +110,15 @@ class DrafterArguments:
             raise ValueError("native_mtp and input_layout are MTP options; drafter_type is " + repr(self.drafter_type))
         if self.native_mtp and (self.warm_start or self.init_from):
             raise ValueError("native_mtp is a starting point of its own: drop warm_start / init_from")
+        if self.continue_from and not os.path.isdir(self.continue_from):
+            raise ValueError(f"continue_from {self.continue_from!r}: no such card folder")
 
-    def build(self, target, tokenizer):
-        """A fresh drafter of `drafter_type` for `target` (warm-started from it when asked), or the `init_from` one."""
-        if self.init_from:
+    def build(self, target, tokenizer, start_from: str | None = None):
+        """A fresh drafter of `drafter_type` for `target` (warm-started from it when asked), or the one in
+        `start_from` or `init_from` (trained in float32 whatever the folder stores)."""
+        if start_from or self.init_from:
             drafter_class = {"mtp": AngelSpecMTPDrafter, "dfly": DFlyDrafter}[self.drafter_type]
-            drafter = drafter_class.from_pretrained(self.init_from)
+            drafter = drafter_class.from_pretrained(start_from or self.init_from, dtype=torch.float32)
             drafter.bind_target(target, tokenizer)
             return drafter
         drafter = self._new(target, tokenizer)
@@ -205,8 +217,20 @@ def main(argv: list[str]) -> None:
     target = load_target(drafter_args.target, dtype=drafter_args.target_dtype, device=str(training_args.device))
     records = read_responses(data_args.responses)
 
-    drafter = drafter_args.build(target.model, target.tokenizer)
-    if drafter_args.draft_vocab_size and not drafter_args.init_from:
+    # A checkpoint killed mid-save is never resumed from: saves are atomic, incomplete leftovers are skipped.
+    last = training_args.resume_from_checkpoint or last_complete_checkpoint(training_args.output_dir)
+    continued = last is None and drafter_args.continue_from
+    if continued:
+        last = checkpoint_from_card(drafter_args.continue_from, training_args.output_dir)
+        print(
+            f"no checkpoint in {training_args.output_dir}: continuing the run from {drafter_args.continue_from} "
+            f"({last}), with a fresh optimizer and warm-up",
+            flush=True,
+        )
+    drafter = drafter_args.build(
+        target.model, target.tokenizer, start_from=drafter_args.continue_from if continued else None
+    )
+    if drafter_args.draft_vocab_size and not (drafter_args.init_from or continued):
         counts = torch.zeros(drafter.config.vocab_size)
         for record in records:
             counts += torch.bincount(torch.tensor(record["response_ids"]), minlength=counts.numel())[: counts.numel()]
@@ -281,8 +305,6 @@ def main(argv: list[str]) -> None:
         target=target.model,
     )
     print(f"world size {trainer.accelerator.num_processes}, {len(dataset)} packed rows", flush=True)
-    # A checkpoint killed mid-save is never resumed from: saves are atomic, incomplete leftovers are skipped.
-    last = training_args.resume_from_checkpoint or last_complete_checkpoint(training_args.output_dir)
     finished = last is not None and TrainerState.load_from_json(os.path.join(last, "trainer_state.json"))
     if finished and 0 < training_args.max_steps <= finished.global_step:
         # The run had trained all its steps and was stopped in its final save: finish that save, train no further

@@ -516,3 +516,71 @@ def test_sigterm_stops_training_at_the_step_with_a_checkpoint(chat_target, smoll
     trainer.train()
     assert trainer.state.global_step == 2 and os.path.isdir(tmp_path / "checkpoint-2")
     assert signal.getsignal(signal.SIGTERM) == handler
+
+
+def test_a_run_snapshotted_to_a_card_continues_on_a_new_machine(
+    chat_target, smollm2_tokenizer, responses, tmp_path, capsys
+):
+    """`angelspec snapshot` writes a run's best checkpoint as a float16 card with the run's history; when the run's
+    checkpoints are gone, `continue_from` that card goes on with its steps, CPU-hours and tokens, in float32."""
+    from angelspec_hf.cli import main as cli_main
+
+    train_main = example("train_drafter").main
+    target_dir = tmp_path / "target"
+    chat_target.save_pretrained(target_dir)
+    smollm2_tokenizer.save_pretrained(target_dir)
+    common = [
+        "--config",
+        os.path.join(REPO, "examples", "configs", "tiny_mtp.yaml"),
+        "--target",
+        str(target_dir),
+        "--responses",
+        responses,
+        "--eval_responses",
+        responses,
+        "--eval_prompts",
+        "0",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "2",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "2",
+        "--include_num_input_tokens_seen",
+        "true",
+    ]
+    first, second, card = tmp_path / "first", tmp_path / "second", tmp_path / "card"
+    train_main([*common, "--output_dir", str(first)])
+    card.mkdir()
+    (card / "README.md").write_text("the card's own text\n")
+    cli_main(["snapshot", str(first), "--output", str(card)])
+    written = json.loads((card / "trainer_state.json").read_text())
+    taus = {entry["step"]: entry["eval_tau"] for entry in written["log_history"] if "eval_tau" in entry}
+    assert written["global_step"] == max(taus, key=lambda step: (taus[step], step))  # the best checkpoint
+    assert (card / "README.md").read_text() == "the card's own text\n"
+    assert AutoModel.from_pretrained(card).dtype == torch.float16
+    cli_main(["snapshot", str(first), "--output", str(card)])  # nothing better: the card stays
+    assert "keeps its drafter" in capsys.readouterr().out
+
+    train_main([*common, "--output_dir", str(second), "--continue_from", str(card), "--max_steps", "6"])
+    state = json.loads((second / "trainer_state.json").read_text())
+    history = state["log_history"]
+    continued = [index for index, entry in enumerate(history) if entry.get("continued_from") == str(card)]
+    assert state["global_step"] == 6 and len(continued) == 1
+    before, after = history[: continued[0]], history[continued[0] + 1 :]
+    assert before == written["log_history"]  # the card's curve, then this part's
+    hours = [entry["cpu_hours"] for entry in history if "cpu_hours" in entry]
+    assert hours == sorted(hours) and any("cpu_hours" in entry for entry in after)
+    tokens_before = written["num_input_tokens_seen"]
+    assert tokens_before > 0 and state["num_input_tokens_seen"] > tokens_before
+    assert [entry["step"] for entry in after if "eval_tau" in entry] == list(range(written["global_step"] + 2, 7, 2))
+    assert AutoModel.from_pretrained(second).dtype == torch.float32  # trained in float32, not the card's float16
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text("{}")
+    with pytest.raises(SystemExit) as refused:
+        cli_main(["snapshot", str(first), "--output", str(plain)])
+    assert refused.value.code == 2 and "no recorded run" in capsys.readouterr().err

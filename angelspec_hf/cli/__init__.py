@@ -14,7 +14,20 @@ import os
 import sys
 
 from .. import __version__
-from . import batch, bench, curve, demo, estimate, export, index_outputs, profile, regenerate, suite, teacher_forced
+from . import (
+    batch,
+    bench,
+    curve,
+    demo,
+    estimate,
+    export,
+    index_outputs,
+    profile,
+    regenerate,
+    snapshot,
+    suite,
+    teacher_forced,
+)
 from .common import UsageError
 
 
@@ -29,6 +42,7 @@ COMMANDS = {
         estimate,
         export,
         curve,
+        snapshot,
         index_outputs,
         suite,
         bench,

@@ -1,4 +1,5 @@
 from .callbacks import AcceptanceCallback, CpuClockCallback, GracefulStopCallback, measure_acceptance
+from .continuation import checkpoint_from_card, snapshot_run
 from .data import PackedCollator, build_training_dataset, precompute_hidden_states, target_fingerprint
 from .evaluation import AcceptanceEstimate, estimate_acceptance, estimate_on_responses
 from .losses import distillation_kl, draft_loss, position_weighted_loss
@@ -13,6 +14,7 @@ __all__ = [
     "GracefulStopCallback",
     "PackedCollator",
     "build_training_dataset",
+    "checkpoint_from_card",
     "distillation_kl",
     "draft_loss",
     "estimate_acceptance",
@@ -21,5 +23,6 @@ __all__ = [
     "measure_acceptance",
     "position_weighted_loss",
     "precompute_hidden_states",
+    "snapshot_run",
     "target_fingerprint",
 ]
