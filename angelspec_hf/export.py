@@ -146,11 +146,24 @@ def eagle3_config(drafter) -> dict:
     return exported
 
 
+def with_transformers4_keys(config: dict) -> dict:
+    """`config` with the keys serving stacks built on transformers 4 read beside transformers 5's: `torch_dtype`
+    (`dtype`), `rope_theta` and, for a scaled RoPE, `rope_scaling` (both in `rope_parameters`)."""
+    config["torch_dtype"] = config["dtype"]
+    rope = config.get("rope_parameters") or {}
+    if "rope_theta" in rope:
+        config["rope_theta"] = rope["rope_theta"]
+    if rope.get("rope_type", "default") != "default":
+        config["rope_scaling"] = {key: value for key, value in rope.items() if key != "rope_theta"}
+    return config
+
+
 def _write(tensors: dict[str, torch.Tensor], config: dict, directory: str, dtype: torch.dtype | None) -> str:
     """`model.safetensors` (floating tensors in `dtype` when given; index maps keep theirs) and `config.json`."""
     if dtype is not None:
         tensors = {name: value.to(dtype) if value.is_floating_point() else value for name, value in tensors.items()}
         config["dtype"] = str(dtype).removeprefix("torch.")
+    config = with_transformers4_keys(config)
     os.makedirs(directory, exist_ok=True)
     save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(directory, "config.json"), "w") as handle:

@@ -238,15 +238,20 @@ class TestRouter(DrafterTesterMixin):
 
 
 def test_model_cards_hold_no_code_and_no_weights_twice():
-    """A committed card is a Hub repository as usually laid out: config, generation config, weights, card and results,
-    no copy of the package's code (that is written when a drafter is published: `save_pretrained(...,
-    remote_code=True)`, `push_to_hub`), and no weight file that another card already holds."""
+    """A committed card is a Hub repository as usually laid out: config, generation config, weights, the target's
+    tokenizer, card and results, no copy of the package's code (that is written when a drafter is published:
+    `save_pretrained(..., remote_code=True)`, `push_to_hub`), and no weight file that another card already holds."""
     files = [os.path.join(root, name) for root, _, names in os.walk(CARDS) for name in names]
     assert files and not [name for name in files if name.endswith(".py")]
     for path in glob.glob(f"{CARDS}/**/config.json", recursive=True):
         with open(path) as handle:
             assert "auto_map" not in handle.read(), f"{path} points at remote code it does not hold"
         assert os.path.isfile(os.path.join(os.path.dirname(path), "generation_config.json")), path  # drafting settings
+        with open(path) as handle:
+            assert json.load(handle)["architectures"], f"{path}: pipelines resolve the class from it"
+        assert os.path.isfile(os.path.join(os.path.dirname(path), "tokenizer.json")), (
+            path
+        )  # the target's, for pipelines
     digests = {}
     for path in glob.glob(f"{CARDS}/**/*.safetensors", recursive=True):
         with open(path, "rb") as handle:

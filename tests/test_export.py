@@ -44,6 +44,10 @@ def test_the_dflash_export_holds_every_tensor_under_its_dflash_name(tmp_path, dr
     assert config["dflash_config"] == {"mask_token_id": 5, "target_layer_ids": [1, 3, 4]}
     assert (config["block_size"], config["num_hidden_layers"], config["num_target_layers"]) == (4, 2, 6)
     assert config["layer_types"] == ["full_attention"] * 2 and config["dtype"] == "float16"
+    assert config["torch_dtype"] == "float16"  # and the transformers-4 keys serving stacks read
+    assert (
+        config["rope_theta"] == config["rope_parameters"]["rope_theta"] == target.config.rope_parameters["rope_theta"]
+    )
     for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim"):
         assert config[key] == getattr(target.config, key), key
     assert config.get("draft_vocab_size") == draft_vocab_size

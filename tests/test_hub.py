@@ -61,6 +61,27 @@ def test_text_generation_pipeline_loads_a_drafter_by_path(text_target, smollm2_t
     assert assisted(PROMPTS[:2], **options) == plain
 
 
+def test_text_generation_pipeline_loads_every_shipped_card_by_folder():
+    """`pipeline(..., assistant_model="<shipped card folder>")` on the real target: each card carries the target's
+    tokenizer (which the pipeline loads beside the model, then drops: the vocabularies are one) and its
+    `architectures`, and the output is the target's."""
+    from angelspec_hf import load_target
+    from angelspec_hf.hub import shipped_drafter_path
+
+    target = load_target("smollm2")
+    options = dict(max_new_tokens=8, do_sample=False, return_full_text=False)
+    plain = pipeline("text-generation", model=target.model, tokenizer=target.tokenizer)(PROMPTS[:1], **options)
+    for name in SHIPPED_DRAFTERS:
+        assisted = pipeline(
+            "text-generation",
+            model=target.model,
+            tokenizer=target.tokenizer,
+            assistant_model=shipped_drafter_path(name),
+        )
+        assert assisted.assistant_tokenizer is None, name
+        assert assisted(PROMPTS[:1], **options) == plain, name
+
+
 def test_load_target_takes_a_dtype_by_name(text_target, smollm2_tokenizer, tmp_path):
     from angelspec_hf import load_target
 

@@ -280,6 +280,7 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         ]
         self.config.member_names = list(self.member_names)
         self.config.member_paths = paths
+        self.config.architectures = [type(self).__name__]  # as PreTrainedModel.save_pretrained records it
         self.config.save_pretrained(directory)
         self.generation_config.save_pretrained(directory)
         self.save_target_tokenizer(directory)
