@@ -80,6 +80,12 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         weakref.finalize(self, self.forwards.remove)
         self.round_started: float | None = None
 
+    @property
+    def num_drafting_tokens(self) -> int:
+        """The most tokens a round drafts: transformers (5.25 on) keeps that many recurrent states of the target's
+        cache when `_assisted_decoding` starts recording its past."""
+        return self.drafter.generation_config.num_assistant_tokens
+
     def time_round(self) -> None:
         """Record the round that ends here (`SpeculationStats.round_profile`); the prefill before the first is none."""
         now = time.perf_counter()

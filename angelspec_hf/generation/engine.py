@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from ..cache_utils import RaggedCache, pad_pending, sliding_windows
+from ..cache_utils import RaggedCache, pad_pending, sliding_windows, with_cache
 from ..metrics import SpeculationStats, round_profile
 from .draft_round import DraftRound
 from .policies import RowState, VerifyPolicy
@@ -370,7 +370,7 @@ class SpeculativeEngine:
         out = self.target(
             input_ids=ids,
             attention_mask=cache.valid.long(),
-            past_key_values=cache.cache,
+            **with_cache(cache.cache),
             use_cache=True,
             output_hidden_states=self.hidden_indices or False,  # only the tapped layers are kept
             logits_to_keep=1,
@@ -484,7 +484,7 @@ class SpeculativeEngine:
             input_ids=chunk,
             position_ids=positions,
             attention_mask=self.cache.target_attention_mask(width, self.sliding_windows, self.target.dtype),
-            past_key_values=self.cache.cache,
+            **with_cache(self.cache.cache),
             use_cache=True,
             output_hidden_states=self.hidden_indices or False,  # only the tapped layers are kept
         )

@@ -14,6 +14,8 @@ import functools
 import inspect
 
 import torch
+import transformers
+from packaging.specifiers import SpecifierSet
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
@@ -23,6 +25,43 @@ from .candidate_generator import AngelSpecCandidateGenerator
 from .engine import Request, SpeculativeEngine
 
 
+SUPPORTED_TRANSFORMERS = ">=5.23"  # setup.cfg's requirement (a test keeps the two equal)
+TESTED_TRANSFORMERS = ("5.23.0", "5.25.0")  # the oldest and newest release `make compat` runs the tests on
+# What the wrappers below read of the private methods they wrap (transformers has no registry of candidate generators
+# and no hook for batches): checked at import, so that a release that changes them fails here, in one line.
+WRAPPED_PARAMETERS = {
+    "_get_candidate_generator": ("generation_config", "input_ids", "assistant_model", "target_tokenizer"),
+    "_assisted_decoding": (
+        "input_ids",
+        "logits_processor",
+        "stopping_criteria",
+        "generation_config",
+        "streamer",
+        "assistant_model",
+        "tokenizer",
+        "model_kwargs",
+    ),
+}
+
+
+def check_transformers(version: str = transformers.__version__, mixin: type = GenerationMixin) -> None:
+    """Refuse, with an `ImportError` naming the supported range, a transformers outside it or whose `GenerationMixin`
+    lacks what the routing wraps."""
+    problems = [] if SpecifierSet(SUPPORTED_TRANSFORMERS).contains(version, prereleases=True) else ["too old"]
+    for name, expected in WRAPPED_PARAMETERS.items():
+        method = getattr(mixin, name, None)
+        parameters = inspect.signature(method).parameters if callable(method) else {}
+        missing = [parameter for parameter in expected if parameter not in parameters]
+        if missing:
+            problems.append(f"GenerationMixin.{name} " + (f"lacks {', '.join(missing)}" if method else "is gone"))
+    if problems:
+        raise ImportError(
+            f"angelspec_hf routes generate() on transformers {SUPPORTED_TRANSFORMERS} (tested on "
+            f"{' and '.join(TESTED_TRANSFORMERS)}); this is transformers {version}: {'; '.join(problems)}"
+        )
+
+
+check_transformers()
 _ORIGINAL_GET_CANDIDATE_GENERATOR = GenerationMixin._get_candidate_generator
 _SIGNATURE = inspect.signature(_ORIGINAL_GET_CANDIDATE_GENERATOR)
 _ORIGINAL_ASSISTED_DECODING = GenerationMixin._assisted_decoding

@@ -15,6 +15,7 @@ import torch
 from transformers import DynamicCache
 from transformers.utils.logging import tqdm  # honours transformers.utils.logging.disable_progress_bar()
 
+from ..cache_utils import with_cache
 from .measurements import cache_path, keep_cached, machine_description, read_cached, write_json_atomically
 from .timing import device_clock
 
@@ -156,7 +157,7 @@ def profile_verify_cost(
     for batch in rows:
         prompt = torch.randint(vocab, (batch, context), generator=generator).to(target.device)
         cache = DynamicCache()
-        target(input_ids=prompt, past_key_values=cache, use_cache=True)
+        target(input_ids=prompt, **with_cache(cache), use_cache=True)
         inputs = [
             (
                 torch.randint(vocab, (batch, count), generator=generator).to(target.device),
@@ -168,7 +169,7 @@ def profile_verify_cost(
         for repeat in range(repeats + 1):  # the first round warms up
             for (new, positions), times in zip(inputs, timings):
                 start = device_clock(target.device)
-                target(input_ids=new, position_ids=positions, past_key_values=cache, use_cache=True)
+                target(input_ids=new, position_ids=positions, **with_cache(cache), use_cache=True)
                 if repeat:
                     times.append(device_clock(target.device) - start)
                 cache.crop(-new.shape[1])

@@ -22,7 +22,7 @@ from transformers import DynamicCache
 from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutput
 
-from ...cache_utils import last_valid, ragged_valid
+from ...cache_utils import last_valid, ragged_valid, with_cache
 from ..base import AngelSpecDrafterPreTrainedModel, DraftPredictions, DraftState, family_classes
 from .configuration_dfly import DFlyConfig
 
@@ -147,8 +147,8 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
                 hidden,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
-                past_key_values=cache,
                 use_cache=True,
+                **with_cache(cache),
                 position_embeddings=position_embeddings,
             )
         return self.norm(hidden)
@@ -364,8 +364,9 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
 
 
 class TransformersDFlashAssistant(nn.Module):
-    """Adapter: `forward(noise_embeds, context_hidden_states, position_ids, attention_mask, past_key_values)` as
-    transformers' DFlash candidate generator calls it, computed by the wrapped drafter's own layers."""
+    """Adapter: `forward(noise_embeds, context_hidden_states, position_ids, attention_mask, cache)` as transformers'
+    DFlash candidate generator calls it (`past_key_values` for the cache before 5.25), computed by the wrapped
+    drafter's own layers."""
 
     def __init__(self, drafter: DFlyDrafter):
         super().__init__()
@@ -377,16 +378,18 @@ class TransformersDFlashAssistant(nn.Module):
         return self.drafter.device
 
     @torch.no_grad()
-    def forward(self, noise_embeds, context_hidden_states, position_ids, attention_mask=None, past_key_values=None):
+    def forward(
+        self, noise_embeds, context_hidden_states, position_ids, attention_mask=None, cache=None, past_key_values=None
+    ):
         """`context_hidden_states` [1, n, taps·H] of the newly verified positions, then the block of `noise_embeds`;
         `position_ids` cover both. The block's keys stay in the cache: the generator crops them next round."""
-        drafter = self.drafter
+        drafter, cache = self.drafter, cache if cache is not None else past_key_values
         new = context_hidden_states.shape[1]
         taps = context_hidden_states.split(drafter.config.hidden_size, dim=-1)
-        drafter.write_context(past_key_values, taps, position_ids[:, :new])
+        drafter.write_context(cache, taps, position_ids[:, :new])
         block = noise_embeds.shape[1]
         everything = torch.ones(
-            1, 1, block, past_key_values.get_seq_length() + block, dtype=torch.bool, device=noise_embeds.device
+            1, 1, block, cache.get_seq_length() + block, dtype=torch.bool, device=noise_embeds.device
         )
-        hidden = drafter.run_block(noise_embeds.to(drafter.dtype), position_ids[:, new:], everything, past_key_values)
+        hidden = drafter.run_block(noise_embeds.to(drafter.dtype), position_ids[:, new:], everything, cache)
         return BaseModelOutput(last_hidden_state=hidden)

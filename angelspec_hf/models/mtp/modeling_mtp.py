@@ -21,7 +21,7 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from ...cache_utils import last_valid, ragged_valid
+from ...cache_utils import last_valid, ragged_valid, with_cache
 from ..base import AngelSpecDrafterPreTrainedModel, DraftPredictions, DraftState, family_classes
 from .configuration_mtp import AngelSpecMTPConfig
 
@@ -111,8 +111,8 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
             embeds,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
             use_cache=use_cache,
+            **with_cache(past_key_values),
             position_embeddings=self.rotary_emb(embeds, position_ids),
         )
         features = self.norm(hidden)
