@@ -5,8 +5,11 @@ offline with an empty cache, and the guard in `tests/guard` fails any test (or s
 beside the checkout or reaches another host.
 """
 
+import contextlib
 import importlib.util
+import logging
 import os
+import re
 import tempfile
 
 
@@ -64,6 +67,45 @@ def make_target(model_type: str = "llama", vocab_size: int = 96, seed: int = 0, 
     # Random weights are nearly flat: sharpen the output so greedy decoding has clear winners, as a real LM does.
     model.lm_head.weight.mul_(8.0)
     return model
+
+
+class PackageLog:
+    """What the package logged (through transformers' logging, under the `angelspec_hf` loggers) in a block."""
+
+    def __init__(self, caplog):
+        self.caplog = caplog
+
+    @contextlib.contextmanager
+    def _warnings(self, found: list):
+        start = len(self.caplog.records)
+        with self.caplog.at_level(logging.WARNING, logger="angelspec_hf"):
+            yield
+        found += [
+            record.getMessage()
+            for record in self.caplog.records[start:]
+            if record.levelno >= logging.WARNING and record.name.startswith("angelspec_hf")
+        ]
+
+    @contextlib.contextmanager
+    def warns(self, pattern: str):
+        """The block logs a warning whose message matches `pattern` (`re.search`)."""
+        found = []
+        with self._warnings(found):
+            yield found
+        assert any(re.search(pattern, message) for message in found), f"no warning matching {pattern!r}: {found}"
+
+    @contextlib.contextmanager
+    def silent(self):
+        """The block logs no warning."""
+        found = []
+        with self._warnings(found):
+            yield
+        assert not found, found
+
+
+@pytest.fixture
+def package_log(caplog):
+    return PackageLog(caplog)
 
 
 @pytest.fixture(autouse=True)

@@ -110,11 +110,11 @@ def test_missing_profile_is_measured_once_and_cached(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "content", ["{not json", json.dumps({"rows": [1], "tokens": [1], "seconds": [[-1.0]], "context": 0})]
 )
-def test_unreadable_profile_falls_back_to_profiling_with_a_warning(tmp_path, content):
+def test_unreadable_profile_falls_back_to_profiling_with_a_warning(tmp_path, content, package_log):
     target = make_target("llama", seed=10, dtype=torch.float32)
     path = tmp_path / "cost.json"
     path.write_text(content)
-    with pytest.warns(UserWarning, match="unreadable"):
+    with package_log.warns("unreadable"):
         model = verify_cost.load_cost_model(target, str(path))
     assert VerifyCostModel.load(str(path)) == model
 
@@ -204,23 +204,23 @@ def test_drafting_stops_only_when_no_further_depth_can_beat_the_best_cut():
         {"seconds": [[0.1, -1.0]]},
     ],
 )
-def test_invalid_profile_values_are_re_measured_with_a_warning(tmp_path, change):
+def test_invalid_profile_values_are_re_measured_with_a_warning(tmp_path, change, package_log):
     target = make_target("qwen2", seed=9, dtype=torch.float32)
     path = str(tmp_path / "cost.json")
     data = {"rows": [1], "tokens": [1, 2], "seconds": [[0.1, 0.2]], "context": 8, "machine": {}}
     data.update(change)
     with open(path, "w") as stream:
         json.dump(data, stream)
-    with pytest.warns(UserWarning, match="not a valid verify-cost profile"):
+    with package_log.warns("not a valid verify-cost profile"):
         model = verify_cost.load_cost_model(target, path)
     assert model.problem() is None and model.rows == [1] and VerifyCostModel.load(path) == model
 
 
-def test_an_unwritable_profile_cache_warns_and_goes_on(tmp_path):
+def test_an_unwritable_profile_cache_warns_and_goes_on(tmp_path, package_log):
     target = make_target("qwen2", seed=9, dtype=torch.float32)
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the cache folder should be")
-    with pytest.warns(UserWarning, match="Could not cache the verify-cost profile"):
+    with package_log.warns("Could not cache the verify-cost profile"):
         model = verify_cost.load_cost_model(target, str(blocker / "verify_cost" / "cost.json"))
     assert model.problem() is None and model(1, 2) > 0
 

@@ -306,12 +306,12 @@ def test_sampling_preserves_the_target_distribution(model_type):
     assert sum(sum(o.stats.accepted) for o in outputs) > 100  # drafts were accepted and rejected
 
 
-def test_impossible_requests_are_rejected_while_the_others_run():
+def test_impossible_requests_are_rejected_while_the_others_run(package_log):
     target = make_target("llama", num_hidden_layers=2, max_position_embeddings=64)
     good = Request([1, 2, 3], max_new_tokens=8)
     too_long = Request(list(range(1, 50)), max_new_tokens=30)
     empty = Request([], max_new_tokens=4)
-    with pytest.warns(UserWarning, match="rejected"):
+    with package_log.warns("rejected"):
         outputs = SpeculativeEngine(target, None).generate([too_long, good, empty])
     assert outputs[0].finish_reason == "error" and "context of 64" in outputs[0].error
     assert outputs[2].finish_reason == "error" and "empty prompt" in outputs[2].error
@@ -357,7 +357,7 @@ def test_generate_with_a_batch_refuses_what_it_cannot_reproduce():
         target.generate(batch, max_new_tokens=5, repetition_penalty=1.3, assistant_model=drafter)
 
 
-def test_engine_with_a_corrupt_cost_profile_reprofiles_over_its_batch_sizes_with_a_warning():
+def test_engine_with_a_corrupt_cost_profile_reprofiles_over_its_batch_sizes_with_a_warning(package_log):
     from angelspec_hf.generation import verify_cost
 
     target = make_target("llama", num_hidden_layers=2, dtype=torch.float32, seed=21)
@@ -366,7 +366,7 @@ def test_engine_with_a_corrupt_cost_profile_reprofiles_over_its_batch_sizes_with
     with open(path, "w") as handle:
         handle.write("{corrupt")
     verify_cost._LOADED.clear()
-    with pytest.warns(UserWarning, match="unreadable"):
+    with package_log.warns("unreadable"):
         engine = SpeculativeEngine(target, make_drafter("mtp", target, oracle=False), max_batch_size=6)
     assert engine.session.policy.cost_model.rows == [1, 2, 4, 6]
     assert verify_cost.VerifyCostModel.load(path).rows == [1, 2, 4, 6]

@@ -2,7 +2,6 @@
 drafter never changes or stops the target's output, and one bad request never costs the others their results."""
 
 import random
-import warnings
 
 import pytest
 import torch
@@ -224,38 +223,34 @@ def test_a_garbage_drafter_never_changes_or_stops_the_targets_output(kind, garba
                 parameter.fill_(value)
     prompt = torch.tensor([[5, 17, 42, 8]])
     reference = target.generate(prompt, max_new_tokens=12, do_sample=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        for schedule in SCHEDULES:
-            drafter.generation_config.num_assistant_tokens_schedule = schedule
-            greedy = target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=drafter)
-            assert torch.equal(greedy, reference), schedule
-            sampled = target.generate(prompt, max_new_tokens=12, do_sample=True, assistant_model=drafter)
-            assert prompt.shape[1] < sampled.shape[1] <= reference.shape[1]  # it may sample EOS early
-        for policy in ["dcut", "constant-3", "heuristic"]:
-            engine = SpeculativeEngine(target, drafter, policy=policy, max_batch_size=2, cost_model=REAL_PROFILE)
-            outputs = engine.generate(
-                [
-                    Request(prompt[0].tolist(), max_new_tokens=12, eos_token_id=[]),
-                    Request(prompt[0].tolist(), max_new_tokens=12, eos_token_id=[], do_sample=True, seed=1),
-                ]
-            )
-            assert outputs[0].output_ids == reference[0, 4:].tolist(), policy
-            assert outputs[1].error is None and len(outputs[1].output_ids) == 12
+    for schedule in SCHEDULES:
+        drafter.generation_config.num_assistant_tokens_schedule = schedule
+        greedy = target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=drafter)
+        assert torch.equal(greedy, reference), schedule
+        sampled = target.generate(prompt, max_new_tokens=12, do_sample=True, assistant_model=drafter)
+        assert prompt.shape[1] < sampled.shape[1] <= reference.shape[1]  # it may sample EOS early
+    for policy in ["dcut", "constant-3", "heuristic"]:
+        engine = SpeculativeEngine(target, drafter, policy=policy, max_batch_size=2, cost_model=REAL_PROFILE)
+        outputs = engine.generate(
+            [
+                Request(prompt[0].tolist(), max_new_tokens=12, eos_token_id=[]),
+                Request(prompt[0].tolist(), max_new_tokens=12, eos_token_id=[], do_sample=True, seed=1),
+            ]
+        )
+        assert outputs[0].output_ids == reference[0, 4:].tolist(), policy
+        assert outputs[1].error is None and len(outputs[1].output_ids) == 12
 
 
-def test_non_finite_draft_scores_warn_once_and_are_never_verified():
-    drafting = draft_round.DraftRound(torch.ones(2), sampled=[False, True])
-    monkey_warned, draft_round._warned_non_finite = draft_round._warned_non_finite, False
-    try:
-        with pytest.warns(RuntimeWarning, match="non-finite"):
-            drafting.choose(torch.tensor([[1.0, 2.0, 0.5], [float("nan"), 0.0, 1.0]]))
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            drafting.choose(torch.tensor([[1.0, 2.0, 0.5], [0.0, 0.0, 1.0]]))  # warned once only
-    finally:
-        draft_round._warned_non_finite = monkey_warned
-    assert drafting.usable_steps() == [2, 0]  # once broken, a row's later steps are not verified either
+def test_non_finite_draft_scores_warn_once_and_are_never_verified(package_log):
+    from transformers.utils.logging import warning_once
+
+    drafting = draft_round.DraftRound(torch.ones(3), sampled=[False, True, False])
+    warning_once.cache_clear()  # transformers' once-per-process memory
+    with package_log.warns("non-finite"):
+        drafting.choose(torch.tensor([[1.0, 2.0, 0.5], [float("nan"), 0.0, 1.0], [1.0, 0.0, 0.0]]))
+    with package_log.silent():
+        drafting.choose(torch.tensor([[1.0, 2.0, 0.5], [0.0, 0.0, 1.0], [float("inf"), 0.0, 0.0]]))  # once only
+    assert drafting.usable_steps() == [2, 0, 1]  # once broken, a row's later steps are not verified either
     assert torch.equal(drafting.confidence()[1], torch.zeros(2, dtype=torch.float64))
 
 
@@ -293,14 +288,14 @@ def test_the_same_request_object_twice_is_served_twice():
         (Request(torch.tensor([1.0, 2.0])), "integers"),
     ],
 )
-def test_a_bad_request_is_rejected_at_submission_and_the_others_are_served(bad, reason):
+def test_a_bad_request_is_rejected_at_submission_and_the_others_are_served(bad, reason, package_log):
     target = make_target("llama", seed=1)
     good = [
         Request([3, 1, 4], max_new_tokens=5, eos_token_id=[]),
         Request(torch.tensor([[2, 7, 1]]), max_new_tokens=5, eos_token_id=[]),
     ]
     engine = SpeculativeEngine(target, None, max_batch_size=2)
-    with pytest.warns(UserWarning, match="rejected"):
+    with package_log.warns("rejected"):
         outputs = engine.generate([good[0], bad, good[1]])
     assert outputs[1].finish_reason == "error" and reason in outputs[1].error
     for request, output in zip(good, [outputs[0], outputs[2]]):
@@ -308,7 +303,7 @@ def test_a_bad_request_is_rejected_at_submission_and_the_others_are_served(bad, 
         assert output.output_ids == target.generate(ids, max_new_tokens=5, do_sample=False)[0, 3:].tolist()
 
 
-def test_a_request_failing_mid_run_finishes_with_its_error_while_the_others_are_served(monkeypatch):
+def test_a_request_failing_mid_run_finishes_with_its_error_while_the_others_are_served(monkeypatch, package_log):
     target = make_target("llama", seed=1)
     requests = [
         Request([3, 1, 4 + i], max_new_tokens=8, eos_token_id=[], do_sample=i == 1, seed=i, request_id=i)
@@ -327,7 +322,7 @@ def test_a_request_failing_mid_run_finishes_with_its_error_while_the_others_are_
         return original(row, logits)
 
     monkeypatch.setattr(engine, "_probabilities", failing)
-    with pytest.warns(UserWarning, match="sampler exploded"):
+    with package_log.warns("sampler exploded"):
         outputs = engine.generate(requests)
     assert outputs[1].finish_reason == "error" and "sampler exploded" in outputs[1].error
     for i in (0, 2):
@@ -335,7 +330,7 @@ def test_a_request_failing_mid_run_finishes_with_its_error_while_the_others_are_
         assert outputs[i].output_ids == target.generate(ids, max_new_tokens=8, do_sample=False)[0, 3:].tolist()
 
 
-def test_a_request_that_exactly_fills_the_context_is_served_as_plain_generate_serves_it():
+def test_a_request_that_exactly_fills_the_context_is_served_as_plain_generate_serves_it(package_log):
     target = make_target("llama", seed=2, max_position_embeddings=32)
     prompt = list(range(1, 21))
     reference = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, 20:].tolist()
@@ -344,7 +339,7 @@ def test_a_request_that_exactly_fills_the_context_is_served_as_plain_generate_se
             [Request(prompt, max_new_tokens=12, eos_token_id=[])]
         )
         assert outputs[0].error is None and outputs[0].output_ids == reference
-    with pytest.warns(UserWarning, match="context"):
+    with package_log.warns("context"):
         outputs = SpeculativeEngine(target, None).generate([Request(prompt, max_new_tokens=13)])
     assert outputs[0].finish_reason == "error"
 
@@ -382,22 +377,20 @@ def test_soak_a_thousand_mixed_requests_arriving_at_random():
         target, random_drafter("mtp", target, scale=1.0, seed=2), max_batch_size=8, cost_model=REAL_PROFILE
     )
     submitted, steps = [], 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        while len(submitted) < 1200 or engine.has_unfinished():
-            for _ in range(rng.choice([0, 0, 1, 3, 9]) if len(submitted) < 1200 else 0):
-                kind = rng.random()
-                if kind < 0.05:
-                    request = rng.choice(bad_requests)
-                else:
-                    prompt, limit = rng.choice(pool)
-                    request = Request(
-                        prompt, max_new_tokens=limit, eos_token_id=[], do_sample=kind > 0.8, seed=rng.randrange(99)
-                    )
-                submitted.append((request, engine.submit(request)))
-            engine.step()
-            steps += 1
-            assert steps < 20000, "the engine stopped making progress"
+    while len(submitted) < 1200 or engine.has_unfinished():
+        for _ in range(rng.choice([0, 0, 1, 3, 9]) if len(submitted) < 1200 else 0):
+            kind = rng.random()
+            if kind < 0.05:
+                request = rng.choice(bad_requests)
+            else:
+                prompt, limit = rng.choice(pool)
+                request = Request(
+                    prompt, max_new_tokens=limit, eos_token_id=[], do_sample=kind > 0.8, seed=rng.randrange(99)
+                )
+            submitted.append((request, engine.submit(request)))
+        engine.step()
+        steps += 1
+        assert steps < 20000, "the engine stopped making progress"
     assert len({id(output) for _, output in submitted}) == len(submitted)
     for request, output in submitted:
         if request in bad_requests:
@@ -418,13 +411,13 @@ def test_greedy_confidence_is_the_prefix_product_of_section_4():
     assert torch.allclose(drafting.confidence(), dcut.prefix_confidence(chosen))
 
 
-def test_sampling_with_stop_strings_decodes_without_drafts(smollm2_tokenizer):
+def test_sampling_with_stop_strings_decodes_without_drafts(smollm2_tokenizer, package_log):
     """The stop-string cut reads the drafted token, which sampling cannot allow: such calls draft nothing."""
     target = make_target("llama", vocab_size=len(smollm2_tokenizer), seed=8, eos_token_id=None, pad_token_id=None)
     drafter = AngelSpecMTPDrafter.from_target(target, smollm2_tokenizer, num_depths=3, draft_vocab_size=512)
     drafter.generation_config.num_assistant_tokens_schedule = "constant"  # without stop strings, every round drafts
     prompt = torch.tensor([smollm2_tokenizer("The quick brown fox")["input_ids"]])
-    with pytest.warns(UserWarning, match="stop_strings"):
+    with package_log.warns("stop_strings"):
         target.generate(
             prompt,
             max_new_tokens=8,

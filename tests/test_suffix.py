@@ -355,7 +355,9 @@ def test_ids_outside_the_vocabulary_are_refused_where_an_index_is_built_and_load
         SuffixDrafter.from_pretrained(tmp_path / "edited")
 
 
-def test_a_drafter_failing_while_drafting_costs_the_rows_running_their_drafts_not_their_outputs(monkeypatch):
+def test_a_drafter_failing_while_drafting_costs_the_rows_running_their_drafts_not_their_outputs(
+    monkeypatch, package_log
+):
     """The drafter raises on any round whose text holds token 77 (one request's prompt): the four requests running
     decode on without drafts and end as plain decoding; the requests admitted after they left draft again."""
     target = make_target("llama", num_hidden_layers=2)
@@ -379,7 +381,7 @@ def test_a_drafter_failing_while_drafting_costs_the_rows_running_their_drafts_no
         for r in requests
     }
     engine = SpeculativeEngine(target, drafter, policy="constant-4", max_batch_size=4)
-    with pytest.warns(UserWarning, match="drafter failed while drafting .*IndexError.*4 requests running"):
+    with package_log.warns("drafter failed while drafting .*IndexError.*4 requests running"):
         outputs = engine.generate(requests)
     assert [o.output_ids for o in outputs] == [references[r.request_id] for r in requests]
     assert all(o.finish_reason in ("eos", "length") for o in outputs)

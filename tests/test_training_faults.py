@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import warnings
 
 import datasets
 import numpy as np
@@ -64,6 +63,7 @@ def test_a_run_killed_while_saving_resumes_from_the_last_complete_checkpoint(
     responses,
     tmp_path,
     monkeypatch,  # noqa: F811
+    package_log,
 ):
     target_dir, output_dir = tmp_path / "target", tmp_path / "drafter"
     chat_target.save_pretrained(target_dir)
@@ -107,9 +107,9 @@ def test_a_run_killed_while_saving_resumes_from_the_last_complete_checkpoint(
         return train(self, resume_from_checkpoint, *args, **kwargs)
 
     monkeypatch.setattr(AngelSpecTrainer, "train", recording_train)
-    with pytest.warns(UserWarning, match="tmp-checkpoint-4, the remains of a save") as emitted:
+    with package_log.warns("tmp-checkpoint-4, the remains of a save") as emitted:
         train_main(arguments)
-    assert not [w for w in emitted if "Hidden-state cache" in str(w.message)]
+    assert not [message for message in emitted if "Hidden-state cache" in message]
     assert len(glob.glob(str(tmp_path / "cache" / "hidden-*.arrow"))) == 1, "the killed run's cache is reused"
     assert resumed_from == [str(output_dir / "checkpoint-2")]
     with open(output_dir / "trainer_state.json") as handle:
@@ -123,6 +123,7 @@ def test_resume_skips_an_incomplete_checkpoint_with_a_warning(
     smollm2_tokenizer,
     responses,
     tmp_path,  # noqa: F811
+    package_log,
 ):
     dataset = build_training_dataset(responses, max_length=128)
     first = make_trainer(
@@ -132,7 +133,7 @@ def test_resume_skips_an_incomplete_checkpoint_with_a_warning(
     assert sorted(os.listdir(tmp_path)) == ["checkpoint-2", "checkpoint-4"]
     os.remove(tmp_path / "checkpoint-4" / "trainer_state.json")  # as a save killed in place leaves it
     resumed = make_trainer(chat_target, smollm2_tokenizer, dataset, tmp_path, max_steps=4)
-    with pytest.warns(UserWarning, match="incomplete checkpoint .*checkpoint-4"):
+    with package_log.warns("incomplete checkpoint .*checkpoint-4"):
         resumed.train(resume_from_checkpoint=True)
     assert resumed.state.global_step == 4
     assert os.path.isdir(tmp_path / "checkpoint-4"), "the incomplete checkpoint is left for the user"
@@ -158,32 +159,31 @@ def assert_hidden_states_of(target, cached, dataset, indices):
         torch.testing.assert_close(row["target_hidden"].float(), expected_hidden, rtol=1e-3, atol=1e-3)
 
 
-def reopen_without_warnings(target, dataset, indices, cache_dir, dtype):
+def reopen_without_warnings(package_log, target, dataset, indices, cache_dir, dtype):
     """A recomputed cache is valid: the next run reuses it as it is, without a warning."""
     (cache_file,) = glob.glob(os.path.join(cache_dir, "*.arrow"))
     written = os.stat(cache_file).st_mtime_ns
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with package_log.silent():
         cached = precompute_hidden_states(dataset, target, indices, cache_dir, dtype=dtype)
     assert os.stat(cache_file).st_mtime_ns == written
     return cached
 
 
-def test_a_truncated_hidden_state_cache_is_recomputed_with_a_warning(tiny_target, tmp_path):
+def test_a_truncated_hidden_state_cache_is_recomputed_with_a_warning(tiny_target, tmp_path, package_log):
     dataset, indices, cache_dir = packed_rows(), [1, 2], str(tmp_path)
     precompute_hidden_states(dataset, tiny_target, indices, cache_dir)
     (cache_file,) = glob.glob(os.path.join(cache_dir, "*.arrow"))
     with open(cache_file, "r+b") as handle:
         handle.truncate(os.path.getsize(cache_file) // 2)
-    with pytest.warns(UserWarning, match=r"hidden-\w+\.arrow is truncated"):
+    with package_log.warns(r"hidden-\w+\.arrow is truncated"):
         cached = precompute_hidden_states(dataset, tiny_target, indices, cache_dir)
     assert len(cached) == len(dataset)
     assert_hidden_states_of(tiny_target, cached, dataset, indices)
-    reopen_without_warnings(tiny_target, dataset, indices, cache_dir, "float16")
+    reopen_without_warnings(package_log, tiny_target, dataset, indices, cache_dir, "float16")
 
 
 @pytest.mark.parametrize("dtype, value", [("float32", 1e30), ("float16", float("nan")), ("float16", float("inf"))])
-def test_corrupted_hidden_state_values_are_recomputed_with_a_warning(tiny_target, tmp_path, dtype, value):
+def test_corrupted_hidden_state_values_are_recomputed_with_a_warning(tiny_target, tmp_path, dtype, value, package_log):
     dataset, indices, cache_dir = packed_rows(), [2], str(tmp_path)
     cached = precompute_hidden_states(dataset, tiny_target, indices, cache_dir, dtype=dtype)
     (cache_file,) = glob.glob(os.path.join(cache_dir, "*.arrow"))
@@ -194,23 +194,23 @@ def test_corrupted_hidden_state_values_are_recomputed_with_a_warning(tiny_target
         assert content.count(original) == 1
         handle.seek(content.index(original))
         handle.write(np.full(8, value, dtype=dtype).tobytes())
-    with pytest.warns(UserWarning, match=r"hidden-\w+\.arrow is damaged: .*not finite or beyond"):
+    with package_log.warns(r"hidden-\w+\.arrow is damaged: .*not finite or beyond"):
         cached = precompute_hidden_states(dataset, tiny_target, indices, cache_dir, dtype=dtype)
     assert_hidden_states_of(tiny_target, cached, dataset, indices)
-    reopen_without_warnings(tiny_target, dataset, indices, cache_dir, dtype)
+    reopen_without_warnings(package_log, tiny_target, dataset, indices, cache_dir, dtype)
 
 
-def test_a_target_whose_weights_changed_at_the_same_path_gets_its_cache_recomputed(tiny_target, tmp_path):
+def test_a_target_whose_weights_changed_at_the_same_path_gets_its_cache_recomputed(tiny_target, tmp_path, package_log):
     dataset, indices, cache_dir = packed_rows(), [1, 2], str(tmp_path)
     precompute_hidden_states(dataset, tiny_target, indices, cache_dir)
     retrained = copy.deepcopy(tiny_target)  # same name_or_path, other weights
     retrained.model.layers[0].mlp.down_proj.weight.mul_(1.5)
     assert retrained.config.name_or_path == tiny_target.config.name_or_path
-    with pytest.warns(UserWarning, match=r"hidden-\w+\.arrow is stale: computed with a different target_sha256"):
+    with package_log.warns(r"hidden-\w+\.arrow is stale: computed with a different target_sha256"):
         cached = precompute_hidden_states(dataset, retrained, indices, cache_dir)
     assert_hidden_states_of(retrained, cached, dataset, indices)
     assert len(glob.glob(os.path.join(cache_dir, "*.arrow"))) == 1, "the stale cache was replaced, not kept beside"
-    reopen_without_warnings(retrained, dataset, indices, cache_dir, "float16")
+    reopen_without_warnings(package_log, retrained, dataset, indices, cache_dir, "float16")
 
 
 KILLED_WHILE_CACHING = """

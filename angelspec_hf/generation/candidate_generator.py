@@ -14,15 +14,18 @@ or `"heuristic"`, with `num_assistant_tokens` the most drafted per round. Unlike
 from __future__ import annotations
 
 import time
-import warnings
 import weakref
 
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.stopping_criteria import StopStringCriteria
+from transformers.utils import logging
 
 from .session import DecodingSession
 from .timing import ForwardClock
+
+
+logger = logging.get_logger(__name__)
 
 
 class AngelSpecCandidateGenerator(CandidateGenerator):
@@ -61,11 +64,9 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         if self.do_sample and self.stop_strings is not None:
             # Cutting before a stop string reads the drafted token, which rejection sampling cannot allow, and nearly
             # any token may complete a stop string: sampling with stop strings decodes without drafts, losslessly.
-            warnings.warn(
+            logger.warning_once(
                 "Sampling with stop_strings: speculative decoding would have to cut drafts by the tokens drawn, which "
-                "biases the output; this call decodes without drafts.",
-                UserWarning,
-                stacklevel=2,
+                "biases the output; such calls decode without drafts."
             )
             self.may_draft = False
         self.state = drafter.new_draft_state()

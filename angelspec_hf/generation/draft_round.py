@@ -4,15 +4,15 @@ policy reads of it — each step's confidence inputs (AngelSpec §4's prefix pro
 from __future__ import annotations
 
 import time
-import warnings
 from typing import Callable, Sequence
 
 import torch
+from transformers.utils import logging
 
 from .dcut import worth_drafting_further
 
 
-_warned_non_finite = False
+logger = logging.get_logger(__name__)
 
 
 class _DraftSteps:
@@ -105,7 +105,10 @@ class DraftRound(_DraftSteps):
         probabilities = (logits.float() / self.temperatures[index, None].to(logits.device)).softmax(-1)
         finite = torch.isfinite(probabilities).all(-1).cpu()
         if not bool(finite.all()):
-            _warn_non_finite()
+            logger.warning_once(
+                "The drafter produced non-finite scores (NaN or inf): those drafts are not verified, and the target's "
+                "own tokens are emitted instead (shown once)."
+            )
             probabilities = torch.where(
                 finite[:, None].to(probabilities.device), probabilities, 1.0 / probabilities.shape[-1]
             )
@@ -178,15 +181,3 @@ class DraftRoundRows(_DraftSteps):
 
     def keep_drafting(self) -> bool:
         return self.round.keep_drafting_rule is None or self.round.keep_drafting_rule(self)
-
-
-def _warn_non_finite() -> None:
-    global _warned_non_finite
-    if not _warned_non_finite:
-        _warned_non_finite = True
-        warnings.warn(
-            "The drafter produced non-finite scores (NaN or inf): those drafts are not verified, and the target's "
-            "own tokens are emitted instead (shown once).",
-            RuntimeWarning,
-            stacklevel=3,
-        )

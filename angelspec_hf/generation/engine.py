@@ -26,13 +26,13 @@ import dataclasses
 import numbers
 import os
 import time
-import warnings
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.utils import logging
 
 from ..cache_utils import RaggedCache, pad_pending, sliding_windows, with_cache
 from ..metrics import SpeculationStats, round_profile
@@ -40,6 +40,9 @@ from .draft_round import DraftRound
 from .policies import RowState, VerifyPolicy
 from .session import DecodingSession
 from .timing import device_clock
+
+
+logger = logging.get_logger(__name__)
 
 
 @dataclass
@@ -236,7 +239,7 @@ class SpeculativeEngine:
         problem = problem or self._problem(request)
         if problem is not None:
             output.finish_reason, output.error = "error", f"request {request_id!r} rejected: {problem}"
-            warnings.warn(output.error)
+            logger.warning(output.error)
         else:
             self._waiting.append((request, output))
         return output
@@ -407,7 +410,7 @@ class SpeculativeEngine:
             return self._draft_all(no_drafts)
         except Exception as error:  # noqa: BLE001  (the rows lose their drafts, never their outputs)
             self._rows_without_drafts = {id(row.output) for row in self.rows}
-            warnings.warn(
+            logger.warning(
                 f"The drafter failed while drafting ({type(error).__name__}: {error}); the {batch} requests running "
                 "decode on without drafts (their outputs are unchanged), later ones draft again"
             )
@@ -639,7 +642,7 @@ def _fail(output: RequestOutput, error: Exception) -> None:
         "error",
         f"request {output.request_id!r} failed: {type(error).__name__}: {error}",
     )
-    warnings.warn(output.error)
+    logger.warning(output.error)
 
 
 def _processors(request: Request) -> LogitsProcessorList:

@@ -8,10 +8,13 @@ import json
 import os
 import platform
 import tempfile
-import warnings
 from typing import Callable
 
 import torch
+from transformers.utils import logging
+
+
+logger = logging.get_logger(__name__)
 
 
 def installed_plan(model: torch.nn.Module):
@@ -65,7 +68,7 @@ def read_cached(path: str, load: Callable, what: str):
     try:
         return load(path)
     except (OSError, ValueError, TypeError, KeyError) as error:
-        warnings.warn(f"{what} {path} is unreadable ({error}); measuring this machine again.")
+        logger.warning(f"{what} {path} is unreadable ({error}); measuring this machine again.")
         return None
 
 
@@ -75,4 +78,4 @@ def keep_cached(path: str, measurement, what: str) -> None:
     try:
         measurement.save(path)
     except OSError as error:
-        warnings.warn(f"Could not cache the {what} at {path} ({error}); using it without saving.")
+        logger.warning(f"Could not cache the {what} at {path} ({error}); using it without saving.")

@@ -12,14 +12,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import warnings
 
 import datasets
 import numpy as np
 import torch
 import torch.nn.functional as F
+from transformers.utils import logging
 
 from .regenerate import read_responses
+
+
+logger = logging.get_logger(__name__)
 
 
 def conversations_dataset(responses_path: str, max_length: int, sources: list[str] | None = None) -> datasets.Dataset:
@@ -248,7 +251,7 @@ def _cached_hidden_states(
         try:
             return _open_hidden_cache(cache_file, manifest_file, key, len(dataset))
         except UnusableCacheError as problem:
-            warnings.warn(f"Hidden-state cache {cache_file} is {problem}; recomputing it.")
+            logger.warning(f"Hidden-state cache {cache_file} is {problem}; recomputing it.")
             if os.path.exists(manifest_file):
                 os.remove(manifest_file)  # it must not vouch for a replacement that is not written yet
 

@@ -12,15 +12,18 @@ import gzip
 import json
 import os
 import time
-import warnings
 import zlib
 from typing import Sequence
 
 import torch
+from transformers.utils import logging
 from transformers.utils.logging import tqdm  # honours transformers.utils.logging.disable_progress_bar()
 
 from ..generation.engine import Request, SpeculativeEngine
 from ..prompts import encode_chat, load_prompts, load_references, normalize_prompt, prompts_of
+
+
+logger = logging.get_logger(__name__)
 
 
 def read_responses(path: str) -> list[dict]:
@@ -57,7 +60,7 @@ def _read_complete_records(path: str) -> tuple[list[dict], bool]:
             if number < len(lines) or not truncated:
                 raise ValueError(f"{path}, line {number}: not a JSON record") from None
     if truncated:
-        warnings.warn(
+        logger.warning(
             f"{path} ends in a cut-off append (an interrupted write): read its {len(records)} complete records"
         )
     return records, truncated
@@ -130,7 +133,7 @@ def regenerate_responses(
         with gzip.open(output_path, "at", encoding="utf-8") as handle:
             for record, output in finished:
                 if output.finish_reason == "error":
-                    warnings.warn(f"No response to a {record['source']} prompt: {output.error}")
+                    logger.warning(f"No response to a {record['source']} prompt: {output.error}")
                     continue
                 handle.write(json.dumps({**record, "response_ids": output.output_ids}) + "\n")
                 tokens += len(output.output_ids)

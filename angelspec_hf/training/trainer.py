@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import warnings
 from collections import defaultdict
 
 import torch
@@ -20,10 +19,14 @@ from transformers import Trainer
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalLoopOutput, SaveStrategy, rotate_checkpoints
+from transformers.utils import logging
 
 from .data import batch_hidden_states
 from .evaluation import estimate_acceptance
 from .losses import feature_regression_loss, position_weighted_loss, with_feature_noise
+
+
+logger = logging.get_logger(__name__)
 
 
 def last_complete_checkpoint(output_dir: str) -> str | None:
@@ -44,7 +47,7 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
             with open(os.path.join(steps[step], TRAINER_STATE_NAME)) as handle:
                 json.load(handle)
         except (OSError, ValueError) as error:
-            warnings.warn(f"Skipping the incomplete checkpoint {steps[step]} ({error}): its save did not finish.")
+            logger.warning(f"Skipping the incomplete checkpoint {steps[step]} ({error}): its save did not finish.")
             continue
         return steps[step]
     return None
@@ -88,7 +91,7 @@ class AngelSpecTrainer(Trainer):
         output_dir = os.path.join(run_dir, checkpoint_folder)
         staging_dir = os.path.join(run_dir, f"tmp-{checkpoint_folder}")
         if self.args.should_save and os.path.isdir(staging_dir):
-            warnings.warn(f"Removing {staging_dir}, the remains of a save that did not finish.")
+            logger.warning(f"Removing {staging_dir}, the remains of a save that did not finish.")
             shutil.rmtree(staging_dir, ignore_errors=True)
         self.accelerator.wait_for_everyone()
 
@@ -116,7 +119,7 @@ class AngelSpecTrainer(Trainer):
         self.accelerator.wait_for_everyone()  # every process has written its part (RNG states, shards)
         if self.args.should_save and os.path.isdir(staging_dir):
             if os.path.isdir(output_dir):
-                warnings.warn(f"Replacing the existing checkpoint {output_dir}.")
+                logger.warning(f"Replacing the existing checkpoint {output_dir}.")
                 shutil.rmtree(output_dir)
             os.replace(staging_dir, output_dir)
         if self.args.push_to_hub:
