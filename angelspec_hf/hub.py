@@ -149,6 +149,19 @@ def shipped_drafter_path(name: str) -> str | None:
     return None
 
 
+def resolve_drafter(name_or_path: str) -> str:
+    """Where a drafter named by a user or a file lives: a folder as it is; a shipped card's name, or a clone's path to
+    one (`.../model_cards/<name>`, as a LoRA adapter or a training config written in a clone records it) where that
+    folder is not, the card this install ships; anything else unchanged (a Hub id)."""
+    path = str(name_or_path)
+    if os.path.isdir(path):
+        return path
+    parent, name = os.path.split(os.path.normpath(path))
+    if parent and os.path.basename(parent) != "model_cards":
+        return path
+    return shipped_drafter_path(name) or path
+
+
 def is_hub_id(path: str) -> bool:
     """Whether `path` has the shape of a Hub repository id (`owner/name`), not of a relative or absolute folder."""
     return len(path.split("/")) == 2 and ".." not in path.split("/") and not os.path.isabs(path)
@@ -164,9 +177,7 @@ def load_drafter(name_or_path: str, target=None, tokenizer=None, **kwargs):
 
     kwargs.setdefault("trust_remote_code", False)
 
-    path = str(name_or_path)
-    if not os.path.isdir(path):
-        path = shipped_drafter_path(path) or path
+    path = resolve_drafter(name_or_path)
     if not os.path.isdir(path) and not is_hub_id(path):
         raise FileNotFoundError(
             f"Drafter {name_or_path!r} is not a folder, a shipped drafter ({', '.join(SHIPPED_DRAFTERS)}) or a Hub id"

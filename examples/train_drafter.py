@@ -22,6 +22,7 @@ from transformers import TrainerState, TrainingArguments, set_seed  # noqa: E402
 from trl import TrlParser  # noqa: E402
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, load_target  # noqa: E402
+from angelspec_hf.hub import resolve_drafter  # noqa: E402
 from angelspec_hf.prompts import check_prompt_source, encode_chat, load_prompts  # noqa: E402
 from angelspec_hf.training import (  # noqa: E402
     AcceptanceCallback,
@@ -49,8 +50,8 @@ class DrafterArguments:
     init_from: str | None = field(
         default=None,
         metadata={
-            "help": "a trained drafter folder to start from (its architecture, weights and draft vocabulary; the "
-            "run has its own optimizer and schedule): continued training on new data"
+            "help": "a trained drafter folder or shipped card name to start from (its architecture, weights and draft "
+            "vocabulary; the run has its own optimizer and schedule): continued training on new data"
         },
     )
     continue_from: str | None = field(
@@ -118,7 +119,7 @@ class DrafterArguments:
         `start_from` or `init_from` (trained in float32 whatever the folder stores)."""
         if start_from or self.init_from:
             drafter_class = {"mtp": AngelSpecMTPDrafter, "dfly": DFlyDrafter}[self.drafter_type]
-            drafter = drafter_class.from_pretrained(start_from or self.init_from, dtype=torch.float32)
+            drafter = drafter_class.from_pretrained(resolve_drafter(start_from or self.init_from), dtype=torch.float32)
             drafter.bind_target(target, tokenizer)
             return drafter
         drafter = self._new(target, tokenizer)

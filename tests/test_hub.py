@@ -3,6 +3,7 @@ targets by dtype name, progress bars, and pushed to a Hub (a local stand-in for 
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -245,6 +246,18 @@ def test_shipped_drafters_are_found_by_name_after_a_normal_install(tmp_path):
     assert [line[0] for line in lines] == list(SHIPPED_DRAFTERS) and all(line[2] == "True" for line in lines)
     assert {line[1] for line in lines} == {"AngelSpecMTPDrafter", "DFlyDrafter", "SuffixDrafter", "RouterDrafter"}
 
+    with open(os.path.join(REPOSITORY, "README.md")) as handle:  # the quick start, verbatim, from elsewhere
+        quick_start = re.search(r"## Quick start\n\n```python\n(.*?)```", handle.read(), re.S).group(1)
+    result = subprocess.run(
+        [sys.executable, "-c", quick_start],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(site)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"'tau': \d", result.stdout), result.stdout  # the decoded text, then the call's statistics
+
 
 def test_load_drafter_names_what_it_accepts():
     with pytest.raises(FileNotFoundError, match="shipped drafter .*smollm2-135m-instruct-mtp"):
@@ -302,3 +315,39 @@ def test_lora_wrapped_targets_and_drafters_keep_generating(wrapped):
         plain = target.generate(**inputs, **options)
         assert torch.equal(target.generate(**inputs, assistant_model=assistant, **options), plain)
         assert sum(drafter.speculation_stats.drafted) > 0
+
+
+def test_shipped_cards_resolve_by_name_and_by_a_clones_path_to_them(tmp_path):
+    """A shipped card's name, or a clone's `.../model_cards/<name>` path where that folder is not (a LoRA adapter's
+    base, a training config written in a clone), resolves to the card this install ships; a Hub id of the same name
+    stays a Hub id. A LoRA adapter recording such a path loads, and `init_from` takes a name."""
+    import peft
+
+    from angelspec_hf.hub import resolve_drafter, shipped_drafter_path
+
+    shipped = shipped_drafter_path("smollm2-135m-instruct-mtp")
+    assert resolve_drafter("smollm2-135m-instruct-mtp") == shipped
+    assert resolve_drafter("/elsewhere/clone/model_cards/smollm2-135m-instruct-mtp") == shipped
+    assert resolve_drafter("someone/smollm2-135m-instruct-mtp") == "someone/smollm2-135m-instruct-mtp"
+    assert resolve_drafter(str(tmp_path)) == str(tmp_path)
+
+    drafter = load_drafter("smollm2-135m-instruct-mtp")
+    shipped_weight = drafter.layer.mlp.down_proj.weight.float().clone()
+    config = peft.LoraConfig(target_modules=drafter.lora_target_modules(), init_lora_weights=False)
+    peft.get_peft_model(drafter, config).save_pretrained(tmp_path / "adapter")
+    adapter_config = tmp_path / "adapter" / "adapter_config.json"
+    recorded = json.loads(adapter_config.read_text())
+    recorded["base_model_name_or_path"] = "/elsewhere/clone/model_cards/smollm2-135m-instruct-mtp"
+    adapter_config.write_text(json.dumps(recorded))
+    assert type(load_drafter(str(tmp_path / "adapter"))).__name__ == "PeftModel"
+
+    sys.path.insert(0, os.path.join(REPOSITORY, "examples"))
+    try:
+        from train_drafter import DrafterArguments
+    finally:
+        sys.path.pop(0)
+    from angelspec_hf import load_target
+
+    target = load_target("smollm2")
+    started = DrafterArguments(init_from="smollm2-135m-instruct-mtp").build(target.model, target.tokenizer)
+    assert started.dtype == torch.float32 and torch.equal(started.layer.mlp.down_proj.weight, shipped_weight)

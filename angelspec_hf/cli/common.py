@@ -76,9 +76,9 @@ def check_model(flag: str, path: str, kind: str, hub: bool = True, filename: str
     if os.path.isdir(path):
         return
     if kind == "drafter":
-        from ..hub import shipped_drafter_path
+        from ..hub import resolve_drafter
 
-        if shipped_drafter_path(path) is not None:
+        if os.path.isdir(resolve_drafter(path)):
             return
     hub_id = hub and HUB_ID.fullmatch(path) is not None
     if hub_id and _on_hub(path, filename):
