@@ -12,21 +12,27 @@ validity and does the row surgery (drop finished rows, append joining rows) that
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
 from transformers import DynamicCache
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 
-# The keyword models, decoder layers and attention modules take their cache by: `cache` from transformers 5.25 on
-# (`past_key_values` is deprecated there, to be removed in 5.40), `past_key_values` before.
-CACHE_ARGUMENT = "cache" if "cache" in inspect.signature(LlamaDecoderLayer.forward).parameters else "past_key_values"
+@functools.cache
+def cache_argument() -> str:
+    """The keyword models, decoder layers and attention modules take their cache by: `cache` from transformers 5.25
+    on (`past_key_values` is deprecated there, to be removed in 5.40), `past_key_values` before. Read on first use:
+    importing a model module at this module's import would run transformers' Auto lookups, which import the
+    drafters, which import this module."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    return "cache" if "cache" in inspect.signature(LlamaDecoderLayer.forward).parameters else "past_key_values"
 
 
 def with_cache(cache) -> dict:
-    """`{CACHE_ARGUMENT: cache}`, for a model, decoder layer or attention call under this transformers."""
-    return {CACHE_ARGUMENT: cache}
+    """`{cache_argument(): cache}`, for a model, decoder layer or attention call under this transformers."""
+    return {cache_argument(): cache}
 
 
 def ragged_valid(lengths: torch.LongTensor | None, batch_size: int, count: int, device) -> torch.Tensor:

@@ -189,3 +189,20 @@ def test_a_folder_of_unknown_model_type_is_refused_without_running_its_code(tmp_
     with pytest.raises(ValueError, match="trust_remote_code"):
         load_drafter(str(folder))
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "angelspec_hf.cache_utils",
+        "angelspec_hf.generation.verify_cost",
+        "angelspec_hf.generation.engine",
+        "angelspec_hf.export",
+        "angelspec_hf.training.data",
+    ],
+)
+def test_a_helper_module_imported_first_in_a_fresh_interpreter_imports(module):
+    """Importing a transformers model module runs transformers' Auto lookups, which import the drafters, which import
+    these helpers: none of them may import a model module at its own import (a cycle only a fresh process shows)."""
+    result = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -5,6 +5,7 @@ import importlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -553,6 +554,9 @@ def test_a_run_snapshotted_to_a_card_continues_on_a_new_machine(
     ]
     first, second, card = tmp_path / "first", tmp_path / "second", tmp_path / "card"
     train_main([*common, "--output_dir", str(first)])
+    stopped = json.loads((first / "checkpoint-4" / "trainer_state.json").read_text())
+    shutil.copytree(first / "checkpoint-4", first / "checkpoint-5")  # saved by a stop, between evaluations
+    (first / "checkpoint-5" / "trainer_state.json").write_text(json.dumps({**stopped, "global_step": 5}))
     card.mkdir()
     (card / "README.md").write_text("the card's own text\n")
     cli_main(["snapshot", str(first), "--output", str(card)])

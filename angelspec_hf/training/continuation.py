@@ -22,9 +22,10 @@ from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME
 
 
 def evaluated_tau(state: TrainerState) -> float | None:
-    """The run's latest offline τ (`eval_tau`) in `state`'s history, or None before its first evaluation."""
-    taus = [entry["eval_tau"] for entry in state.log_history if "eval_tau" in entry]
-    return taus[-1] if taus else None
+    """The offline τ (`eval_tau`) of the weights `state` was saved with: the evaluation at its own step, or None
+    (a checkpoint saved between evaluations, e.g. by a stop)."""
+    at_step = [e["eval_tau"] for e in state.log_history if "eval_tau" in e and e.get("step") == state.global_step]
+    return at_step[-1] if at_step else None
 
 
 def complete_checkpoints(run_dir: str) -> list[tuple[str, TrainerState]]:
@@ -41,14 +42,14 @@ def complete_checkpoints(run_dir: str) -> list[tuple[str, TrainerState]]:
 
 
 def best_checkpoint(run_dir: str) -> tuple[str, TrainerState]:
-    """The complete checkpoint of `run_dir` with the highest offline τ when it was saved, and its trainer state."""
+    """The complete checkpoint of `run_dir` whose weights scored the highest offline τ, and its trainer state."""
     scored = [
         (evaluated_tau(state), state.global_step, path, state)
         for path, state in complete_checkpoints(run_dir)
         if evaluated_tau(state) is not None
     ]
     if not scored:
-        raise FileNotFoundError(f"{run_dir} holds no complete checkpoint saved after an evaluation (eval_tau)")
+        raise FileNotFoundError(f"{run_dir} holds no complete checkpoint evaluated at its step (eval_tau)")
     _, _, path, state = max(scored, key=lambda item: item[:2])
     return path, state
 
