@@ -234,29 +234,27 @@ def test_shipped_drafters_are_found_by_name_after_a_normal_install(tmp_path):
         "    drafter = angelspec_hf.load_drafter(name)\n"
         f"    print(name, type(drafter).__name__, drafter.name_or_path.startswith({str(prefix)!r}))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(site)},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = [line.split() for line in result.stdout.splitlines()]
+
+    def run_installed(source: str) -> str:
+        """`source` run by a fresh interpreter outside the clone, on the installed copy; its output."""
+        result = subprocess.run(
+            [sys.executable, "-c", source],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(site)},
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+
+    lines = [line.split() for line in run_installed(code).splitlines()]
     assert [line[0] for line in lines] == list(SHIPPED_DRAFTERS) and all(line[2] == "True" for line in lines)
     assert {line[1] for line in lines} == {"AngelSpecMTPDrafter", "DFlyDrafter", "SuffixDrafter", "RouterDrafter"}
 
     with open(os.path.join(REPOSITORY, "README.md")) as handle:  # the quick start, verbatim, from elsewhere
         quick_start = re.search(r"## Quick start\n\n```python\n(.*?)```", handle.read(), re.S).group(1)
-    result = subprocess.run(
-        [sys.executable, "-c", quick_start],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(site)},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert re.search(r"'tau': \d", result.stdout), result.stdout  # the decoded text, then the call's statistics
+    output = run_installed(quick_start)
+    assert re.search(r"'tau': \d", output), output  # the decoded text, then the call's statistics
 
 
 def test_load_drafter_names_what_it_accepts():
