@@ -12,13 +12,14 @@ afresh with the scheduler's warm-up. What is lost is the optimizer's moments and
 from __future__ import annotations
 
 import os
-import re
 import shutil
 
 from transformers import TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME
+
+from .trainer import checkpoint_folders
 
 
 def evaluated_tau(state: TrainerState) -> float | None:
@@ -31,13 +32,11 @@ def evaluated_tau(state: TrainerState) -> float | None:
 def complete_checkpoints(run_dir: str) -> list[tuple[str, TrainerState]]:
     """Every checkpoint of `run_dir` whose save finished (a readable trainer state), with that state."""
     found = []
-    for name in os.listdir(run_dir) if os.path.isdir(run_dir) else []:
-        path = os.path.join(run_dir, name)
-        if re.fullmatch(rf"{PREFIX_CHECKPOINT_DIR}-\d+", name) and os.path.isdir(path):
-            try:
-                found.append((path, TrainerState.load_from_json(os.path.join(path, TRAINER_STATE_NAME))))
-            except (OSError, ValueError):
-                continue  # a save that did not finish
+    for path in checkpoint_folders(run_dir):
+        try:
+            found.append((path, TrainerState.load_from_json(os.path.join(path, TRAINER_STATE_NAME))))
+        except (OSError, ValueError):
+            continue  # a save that did not finish
     return found
 
 

@@ -29,27 +29,30 @@ from .losses import feature_regression_loss, position_weighted_loss, with_featur
 logger = logging.get_logger(__name__)
 
 
+def checkpoint_folders(output_dir: str) -> list[str]:
+    """The `checkpoint-N` folders of `output_dir`, newest (highest N) first; complete or not."""
+    steps = {}
+    for name in os.listdir(output_dir) if os.path.isdir(output_dir) else []:
+        match = re.fullmatch(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)", name)
+        if match and os.path.isdir(os.path.join(output_dir, name)):
+            steps[int(match.group(1))] = os.path.join(output_dir, name)
+    return [steps[step] for step in sorted(steps, reverse=True)]
+
+
 def last_complete_checkpoint(output_dir: str) -> str | None:
     """The newest `checkpoint-N` of `output_dir` with a readable `trainer_state.json`, or None.
 
     Newer incomplete ones (a save that was killed, left by a version that wrote checkpoints in place) are skipped
     with a warning naming them, and left on disk.
     """
-    if not os.path.isdir(output_dir):
-        return None
-    steps = {}
-    for name in os.listdir(output_dir):
-        match = re.fullmatch(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)", name)
-        if match and os.path.isdir(os.path.join(output_dir, name)):
-            steps[int(match.group(1))] = os.path.join(output_dir, name)
-    for step in sorted(steps, reverse=True):
+    for path in checkpoint_folders(output_dir):
         try:
-            with open(os.path.join(steps[step], TRAINER_STATE_NAME)) as handle:
+            with open(os.path.join(path, TRAINER_STATE_NAME)) as handle:
                 json.load(handle)
         except (OSError, ValueError) as error:
-            logger.warning(f"Skipping the incomplete checkpoint {steps[step]} ({error}): its save did not finish.")
+            logger.warning(f"Skipping the incomplete checkpoint {path} ({error}): its save did not finish.")
             continue
-        return steps[step]
+        return path
     return None
 
 
