@@ -182,7 +182,17 @@ def add_suite_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--repeats", type=positive_int, default=None, help="time each generation this many times (median)"
     )
-    parser.add_argument("--output-dir", default="benchmarks/latest", help="results.json and the PNG plots")
+    parser.add_argument(
+        "--ablations",
+        action="store_true",
+        help="also MTP without TTT, transformers' DFlash generator and assisted generation on an early-exit assistant",
+    )
+    parser.add_argument(
+        "--output-dir",
+        default="benchmarks/latest",
+        help="results.json, the PNG plots and the finished parts (a rerun resumes after the last one)",
+    )
+    parser.add_argument("--fresh", action="store_true", help="measure every part again instead of resuming")
     parser.add_argument("--benchmarks-md", default=None, help="write the Markdown report here (e.g. BENCHMARKS.md)")
     parser.add_argument(
         "--update-model-cards",

@@ -1,12 +1,15 @@
 """`angelspec suite` end to end on a tiny target and a tiny data folder: every method present, numbers finite, a
 failing drafter reported with its error while the rest completes, plots and the Markdown report written."""
 
+import dataclasses
 import json
 import math
+from types import SimpleNamespace
 
+import pytest
 import torch
 from conftest import make_target
-from transformers import AutoModel
+from transformers import AutoModel, AutoModelForCausalLM
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, RouterDrafter, SuffixDrafter
 from angelspec_hf.benchmark import suite
@@ -47,36 +50,74 @@ def write_tiny_data(root):
     )
 
 
-def test_quick_suite_runs_every_method_and_reports_a_failing_one(smollm2_tokenizer, tmp_path, monkeypatch, capsys):
+def make_cards(tmp_path, tokenizer):
+    """A tiny target saved under `tmp_path/target` and every shipped drafter kind for it under `tmp_path/cards`
+    (the MTP-without-TTT card built for another target, so that its method fails)."""
     target = make_target(
-        "llama", vocab_size=len(smollm2_tokenizer), dtype=torch.float32, seed=7, eos_token_id=2, pad_token_id=2
+        "llama", vocab_size=len(tokenizer), dtype=torch.float32, seed=7, eos_token_id=2, pad_token_id=2
     )
     target.save_pretrained(tmp_path / "target")
-    smollm2_tokenizer.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
     cards = tmp_path / "cards"
-    AngelSpecMTPDrafter.from_target(target, smollm2_tokenizer, num_depths=2).save_pretrained(
+    AngelSpecMTPDrafter.from_target(target, tokenizer, num_depths=2).save_pretrained(
         cards / suite.DRAFTER_CARDS["mtp"]
     )
-    DFlyDrafter.from_target(
-        target, smollm2_tokenizer, block_size=4, num_draft_layers=1, mask_token_id=0
-    ).save_pretrained(cards / suite.DRAFTER_CARDS["dfly"])
+    DFlyDrafter.from_target(target, tokenizer, block_size=4, num_draft_layers=1, mask_token_id=0).save_pretrained(
+        cards / suite.DRAFTER_CARDS["dfly"]
+    )
     DFlyDrafter.from_target(
         target,
-        smollm2_tokenizer,
+        tokenizer,
         block_size=4,
         num_draft_layers=1,
         mask_token_id=0,
         per_layer_context_mix=False,
         ar_head=False,
     ).save_pretrained(cards / suite.DRAFTER_CARDS["dflash"])
-    other = make_target("llama", vocab_size=len(smollm2_tokenizer), dtype=torch.float32, hidden_size=32, head_dim=8)
-    AngelSpecMTPDrafter.from_target(other, smollm2_tokenizer, num_depths=2).save_pretrained(
+    other = make_target("llama", vocab_size=len(tokenizer), dtype=torch.float32, hidden_size=32, head_dim=8)
+    AngelSpecMTPDrafter.from_target(other, tokenizer, num_depths=2).save_pretrained(
         cards / suite.DRAFTER_CARDS["mtp-no-ttt"]
     )
-    SuffixDrafter.from_target(target, smollm2_tokenizer).save_pretrained(cards / suite.DRAFTER_CARDS["suffix"])
+    SuffixDrafter.from_target(target, tokenizer).save_pretrained(cards / suite.DRAFTER_CARDS["suffix"])
     RouterDrafter.from_members(
         [AutoModel.from_pretrained(cards / suite.DRAFTER_CARDS[kind]) for kind in ("mtp", "dfly", "suffix")]
     ).save_pretrained(cards / suite.DRAFTER_CARDS["router"])
+    write_tiny_data(tmp_path / "data")
+    return cards
+
+
+TINY = suite.SuiteSize(
+    1,
+    6,
+    (1, 2),
+    4,
+    {"mtp": ("constant-1", "dcut"), "dfly": ("constant-2", "dcut"), "suffix": ("dcut",), "router": ("dcut",)},
+    2,
+    engine_requests=8,
+    engine_repeats=2,
+)
+
+
+def suite_command(tmp_path, *extra):
+    return [
+        "suite",
+        "--quick",
+        "--target",
+        str(tmp_path / "target"),
+        "--drafters-dir",
+        str(tmp_path / "cards"),
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--benchmarks-md",
+        str(tmp_path / "BENCHMARKS.md"),
+        *extra,
+    ]
+
+
+def test_quick_suite_runs_every_method_and_reports_a_failing_one(smollm2_tokenizer, tmp_path, monkeypatch, capsys):
+    cards = make_cards(tmp_path, smollm2_tokenizer)
     (cards / suite.DRAFTER_CARDS["mtp"] / "README.md").write_text(
         "# MTP\n\nIntro.\n\n"
         + suite.CARD_SECTION_START
@@ -85,40 +126,11 @@ def test_quick_suite_runs_every_method_and_reports_a_failing_one(smollm2_tokeniz
         + "\n\n## Training\nKept.\n"
     )
     (cards / suite.DRAFTER_CARDS["dfly"] / "README.md").write_text("# DFly\n")
-    write_tiny_data(tmp_path / "data")
-    monkeypatch.setattr(
-        suite,
-        "QUICK",
-        suite.SuiteSize(
-            1,
-            6,
-            (1, 2),
-            4,
-            {"mtp": ("constant-1", "dcut"), "dfly": ("constant-2", "dcut"), "suffix": ("dcut",), "router": ("dcut",)},
-            2,
-            engine_requests=8,
-            engine_repeats=2,
-        ),
-    )
-    cli_main(
-        [
-            "suite",
-            "--quick",
-            "--target",
-            str(tmp_path / "target"),
-            "--drafters-dir",
-            str(cards),
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--output-dir",
-            str(tmp_path / "out"),
-            "--benchmarks-md",
-            str(tmp_path / "BENCHMARKS.md"),
-            "--update-model-cards",
-        ]
-    )
+    monkeypatch.setattr(suite, "QUICK", TINY)
+    cli_main(suite_command(tmp_path, "--ablations", "--update-model-cards"))
     report = json.loads((tmp_path / "out" / "results.json").read_text())
     assert list(report["domains"]) == list(suite.SPEC_BENCH_CATEGORIES) + ["gsm8k", "mbpp"]
+    assert report["pending"] == [] and "Incomplete" not in (tmp_path / "BENCHMARKS.md").read_text()
     expected = {
         "ar",
         "prompt-lookup[3]",
@@ -183,3 +195,79 @@ def test_quick_suite_runs_every_method_and_reports_a_failing_one(smollm2_tokeniz
         dfly_card.count(suite.CARD_SECTION_START) == 1
         and "| mbpp | dfly:smollm2-135m-instruct-dfly[dcut] |" in dfly_card
     )
+
+
+def test_a_suite_cut_off_resumes_at_the_next_unmeasured_part(smollm2_tokenizer, tmp_path, monkeypatch, package_log):
+    cards = make_cards(tmp_path, smollm2_tokenizer)
+    target = AutoModelForCausalLM.from_pretrained(tmp_path / "target")
+    methods, _ = suite.suite_methods(SimpleNamespace(model=target, tokenizer=smollm2_tokenizer), str(cards))
+    assert [method.name for method in methods] == [  # the default methods: no ablations
+        "prompt-lookup[3]",
+        "mtp:smollm2-135m-instruct-mtp[dcut]",
+        "dflash:smollm2-135m-instruct-dflash[dcut]",
+        "dfly:smollm2-135m-instruct-dfly[dcut]",
+        "suffix:smollm2-135m-instruct-suffix[dcut]",
+        "router:smollm2-135m-instruct-router[dcut]",
+    ]
+    # Resuming, timed on the cheapest drafter.
+    monkeypatch.setattr(suite, "DRAFTER_CARDS", {"suffix": suite.DRAFTER_CARDS["suffix"]})
+    monkeypatch.setattr(
+        suite, "QUICK", dataclasses.replace(TINY, engine_policies={"suffix": ("dcut",)}, concurrencies=(2,), repeats=1)
+    )
+    measured, measure = [], suite.run_benchmark
+
+    def counted(target, tokenizer, methods, prompts, *args, **kwargs):
+        measured.append(prompts[0])
+        if len(measured) == 3 and cut_off:
+            raise KeyboardInterrupt  # the session ends during the third domain
+        return measure(target, tokenizer, methods, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(suite, "run_benchmark", counted)
+    engine_runs, run_engine = [], suite.run_engine_benchmark
+    monkeypatch.setattr(suite, "run_engine_benchmark", lambda *a, **k: engine_runs.append(1) or run_engine(*a, **k))
+    cut_off = True
+    with pytest.raises(KeyboardInterrupt):
+        cli_main(suite_command(tmp_path))
+    partial = json.loads((tmp_path / "out" / "results.json").read_text())
+    domains = list(suite.SPEC_BENCH_CATEGORIES) + ["gsm8k", "mbpp"]
+    assert list(partial["domains"]) == domains[:2] and partial["pending"] == [*domains[2:], "engine"]
+    page = (tmp_path / "BENCHMARKS.md").read_text()
+    assert f"**Incomplete**: still to measure: {', '.join(domains[2:])}, engine." in page and "## qa" not in page
+    cut_off, measured[:] = False, []
+    with package_log.silent():
+        cli_main(suite_command(tmp_path))
+    assert len(measured) == len(domains) - 2 and engine_runs == [1]
+    report = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert list(report["domains"]) == domains and report["pending"] == []
+    assert report["domains"]["mt_bench"] == partial["domains"]["mt_bench"]  # kept, not measured again
+    page = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "Incomplete" not in page and "## Batched engine" in page and page.count("Measured 20") == len(domains) + 1
+
+    # A part that cannot be read is measured again; the others are kept.
+    (tmp_path / "out" / "parts" / "qa.json").write_text('{"key": ')
+    measured[:] = []
+    with package_log.warns("qa.json is unreadable"):
+        cli_main(suite_command(tmp_path))
+    assert len(measured) == 1 and engine_runs == [1]
+    # Another size measures everything again.
+    measured[:] = []
+    with package_log.warns("measured with another size; measuring mt_bench again"):
+        cli_main(suite_command(tmp_path, "--max-new-tokens", "3"))
+    assert len(measured) == len(domains) and engine_runs == [1, 1]
+
+
+def test_a_drafter_changed_since_a_part_was_measured_is_measured_again(smollm2_tokenizer, tmp_path):
+    """The parts' key holds a digest of each drafter's tensors: a retrained card is never reported with old numbers."""
+    target = make_target("llama", vocab_size=len(smollm2_tokenizer), dtype=torch.float32)
+    drafter = AngelSpecMTPDrafter.from_target(target, smollm2_tokenizer, num_depths=2)
+    digest = suite.drafter_fingerprint(drafter)
+    assert suite.drafter_fingerprint(drafter) == digest
+    with torch.no_grad():
+        next(drafter.parameters()).view(-1)[0] += 1.0
+    assert suite.drafter_fingerprint(drafter) != digest
+    suffix = SuffixDrafter.from_target(target, smollm2_tokenizer)
+    suffix.save_pretrained(tmp_path / "empty")
+    suffix.record_output(list(range(3, 40)))
+    suffix.save_pretrained(tmp_path / "seeded")
+    digests = {suite.drafter_fingerprint(AutoModel.from_pretrained(tmp_path / name)) for name in ("empty", "seeded")}
+    assert len(digests) == 2  # its shared index is part of what it is

@@ -2,20 +2,31 @@
 
 Domains: Spec-Bench's six categories (its multi-turn category is MT-bench's 80 questions; first turns are used),
 GSM8K test and MBPP test, prompts spread evenly over each domain. Methods through `generate()`: AR (the baseline of
-every ratio), transformers' prompt lookup decoding, transformers' assisted generation with its heuristic schedule on
-an early-exit assistant (the target's first quarter of layers, the one compatible assistant available offline),
-transformers' built-in DFlash generator on our DFlash-ablation checkpoint, and each shipped drafter with D-cut (MTP
-with and without TTT, DFlash, DFly, the training-free suffix drafter, and the router over MTP + DFly + suffix). Then the batched engine:
-batched AR vs MTP, DFly, the suffix drafter and the router at constant depths and with D-cut, over concurrencies, on the chat+math+code mix. A method that fails (for example a drafter for another target) is reported with its error; the rest of the suite runs.
+every ratio), transformers' prompt lookup decoding and each shipped drafter with D-cut (MTP, DFly, its DFlash
+ablation, the training-free suffix drafter, and the router over MTP + DFly + suffix); `--ablations` adds MTP without
+TTT, transformers' built-in DFlash generator on the DFlash checkpoint and transformers' assisted generation with its
+heuristic schedule on an early-exit assistant (the target's first quarter of layers). Then the batched engine:
+batched AR vs MTP, DFly, the suffix drafter and the router at constant depths and with D-cut, over concurrencies, on
+the chat+math+code mix. A method that fails (for example a drafter for another target) is reported with its error;
+the rest of the suite runs.
+
+Each finished domain and the engine run are kept under `<output-dir>/parts/`, and the report is rewritten after each:
+a run cut off resumes where it stopped when the same command is run again (a part is measured again when the size,
+the methods or a drafter's weights changed, or with `--fresh`). Every ratio compares methods within one domain's
+run, AR included.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import hashlib
 import json
 import os
 import statistics
 from dataclasses import dataclass
+
+from transformers.utils import logging
 
 from ..hub import load_drafter
 from .bench import (
@@ -32,6 +43,8 @@ from .bench import (
 from .engine_bench import format_engine_table, run_engine_benchmark
 
 
+logger = logging.get_logger(__name__)
+
 SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 MT_BENCH_SUBCATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 DRAFTER_CARDS = {  # method kind -> model card folder (under --drafters-dir)
@@ -42,6 +55,7 @@ DRAFTER_CARDS = {  # method kind -> model card folder (under --drafters-dir)
     "suffix": "smollm2-135m-instruct-suffix",
     "router": "smollm2-135m-instruct-router",
 }
+ABLATION_KINDS = ("mtp-no-ttt",)  # drafters measured only with --ablations
 
 EARLY_EXIT_FRACTION = 4  # the heuristic assisted-generation baseline drafts with the target's first quarter of layers
 
@@ -69,19 +83,19 @@ QUICK = SuiteSize(  # a smoke run under 3 minutes: every method and both engine 
     shortest=True,
     engine_requests=1,
 )
-FULL = SuiteSize(  # sized to finish within an hour on one CPU thread; every timing repeated twice (median)
-    2,
-    48,
+FULL = SuiteSize(  # issue 35's size: about two hours on 2 CPU cores (default threads), resumable per domain
+    16,
+    128,
     (1, 4, 16),
-    32,
+    48,
     {
-        "mtp": ("constant-1", "constant-2", "constant-3", "dcut"),
-        "dfly": ("constant-1", "constant-2", "constant-4", "constant-8", "dcut"),
-        "suffix": ("constant-4", "dcut"),
+        "mtp": ("constant-1", "dcut"),
+        "dfly": ("constant-2", "dcut"),
+        "suffix": ("dcut",),
         "router": ("dcut",),
     },
-    2,
-    engine_repeats=2,
+    1,
+    engine_requests=16,
 )
 
 
@@ -106,15 +120,16 @@ def domain_prompts(per_domain: int, data_dir: str | None = None, shortest: bool 
     return chosen
 
 
-def suite_methods(target, drafters_dir: str) -> tuple[list[Method], dict]:
+def suite_methods(target, drafters_dir: str, ablations: bool = False) -> tuple[list[Method], dict]:
     """The generate() methods (each drafter with D-cut) and the loaded drafters by kind; a drafter that cannot be
     loaded becomes a failed method."""
-    layers = target.model.config.get_text_config().num_hidden_layers
-    methods, loaded = (
-        [prompt_lookup_method(3), assisted_heuristic_method(target.model, max(1, layers // EARLY_EXIT_FRACTION))],
-        {},
-    )
+    methods, loaded = [prompt_lookup_method(3)], {}
+    if ablations:
+        layers = target.model.config.get_text_config().num_hidden_layers
+        methods.append(assisted_heuristic_method(target.model, max(1, layers // EARLY_EXIT_FRACTION)))
     for kind, card in DRAFTER_CARDS.items():
+        if kind in ABLATION_KINDS and not ablations:
+            continue
         path = os.path.join(drafters_dir, card)
         try:
             drafter = load_drafter(path, target.model, target.tokenizer)
@@ -122,51 +137,146 @@ def suite_methods(target, drafters_dir: str) -> tuple[list[Method], dict]:
             methods.append(Method(f"{kind}:{card}", error=f"{type(error).__name__}: {error}"))
             continue
         loaded[kind] = drafter
-        methods += drafter_methods(card, drafter, schedules=("dcut",))
+        drafted = drafter_methods(card, drafter, schedules=("dcut",))
+        methods += drafted if ablations else [method for method in drafted if method.drafter is not None]
     return methods, loaded
 
 
-def run_suite(target, size: SuiteSize, drafters_dir: str, data_dir: str | None = None) -> dict:
-    """Run the whole suite; returns the JSON-ready report."""
-    methods, loaded = suite_methods(target, drafters_dir)
-    domains = {}
-    for index, (domain, prompts) in enumerate(
-        domain_prompts(size.prompts_per_domain, data_dir, size.shortest).items()
-    ):
-        domains[domain] = run_benchmark(
-            target.model,
-            target.tokenizer,
-            methods,
-            prompts,
-            size.max_new_tokens,
-            repeats=size.repeats,
-            warm_up=index == 0,
-        )
+def drafter_fingerprint(drafter) -> str:
+    """A digest of a drafter's configuration and every tensor it holds (weights, a suffix drafter's index)."""
+    digest = hashlib.sha256(drafter.config.to_json_string(use_diff=False).encode())
+    for name, tensor in sorted(drafter.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().contiguous().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+class SuiteParts:
+    """The suite's finished parts (each domain, and the engine) as JSON files under `<output_dir>/parts/`, so that a
+    run cut off resumes where it stopped. A part is kept while `key` (size, methods, target, drafters' digests) is
+    the same as when it was measured."""
+
+    def __init__(self, output_dir: str, key: dict, fresh: bool = False):
+        self.directory = os.path.join(output_dir, "parts")
+        self.key = json.loads(json.dumps(key))  # as it reads back (tuples become lists)
+        self.fresh = fresh
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.directory, f"{name}.json")
+
+    def load(self, name: str) -> dict | None:
+        path = self._path(name)
+        if self.fresh or not os.path.isfile(path):
+            return None
+        try:
+            with open(path) as handle:
+                saved = json.load(handle)
+        except (OSError, ValueError) as error:
+            logger.warning(f"{path} is unreadable ({error}); measuring {name} again")
+            return None
+        saved_key = saved.get("key") if isinstance(saved.get("key"), dict) else {}
+        changed = [entry for entry in self.key if saved_key.get(entry) != self.key[entry]]
+        if changed:
+            if "drafters" in changed:
+                drafters = saved_key.get("drafters") or {}
+                changed.remove("drafters")
+                changed += [
+                    f"drafter {kind}" for kind, digest in self.key["drafters"].items() if drafters.get(kind) != digest
+                ]
+            logger.warning(f"{path} was measured with another {', '.join(changed)}; measuring {name} again")
+            return None
+        return saved["result"]
+
+    def save(self, name: str, result: dict) -> None:
+        """Write atomically: a run cut off mid-write leaves the previous part, never half a file."""
+        os.makedirs(self.directory, exist_ok=True)
+        temporary = self._path(name) + ".tmp"
+        with open(temporary, "w") as handle:
+            json.dump({"key": self.key, "result": result}, handle, indent=1)
+        os.replace(temporary, self._path(name))
+
+
+def run_suite(
+    target,
+    size: SuiteSize,
+    drafters_dir: str,
+    output_dir: str,
+    data_dir: str | None = None,
+    ablations: bool = False,
+    fresh: bool = False,
+    on_part=lambda report: None,
+) -> dict:
+    """Run the whole suite, skipping the parts already measured under `output_dir` (`SuiteParts`); `on_part` gets
+    the report so far after each part. Returns the JSON-ready report."""
+    methods, loaded = suite_methods(target, drafters_dir, ablations)
     engine_drafters = [
         (kind, loaded[kind], size.engine_policies[kind]) for kind in size.engine_policies if kind in loaded
     ]
-    from ..prompts import load_prompts
-
-    mixed = load_prompts("mixed", data_dir=data_dir, limit=max(max(size.concurrencies), size.engine_requests))[
-        "prompt"
-    ]
-    engine = run_engine_benchmark(
-        target.model,
-        target.tokenizer,
-        engine_drafters,
-        mixed,
-        list(size.concurrencies),
-        size.engine_max_new_tokens,
-        min_requests=size.engine_requests,
-        repeats=size.engine_repeats,
+    size_record = {key: (list(value) if isinstance(value, tuple) else value) for key, value in size.__dict__.items()}
+    parts = SuiteParts(
+        output_dir,
+        {
+            "size": size_record,
+            "target": getattr(target.model.config, "name_or_path", None),
+            "methods": [method.name for method in methods],
+            "drafters": {kind: drafter_fingerprint(drafter) for kind, drafter in loaded.items()},
+        },
+        fresh,
     )
-    return {
+    domains = domain_prompts(size.prompts_per_domain, data_dir, size.shortest)
+    report = {
         "machine": machine_state(),
-        "size": {key: (list(value) if isinstance(value, tuple) else value) for key, value in size.__dict__.items()},
-        "domains": domains,
-        "summary": summarize_domains(domains),
-        "engine": engine,
+        "size": size_record,
+        "domains": {},
+        "summary": {},
+        "engine": None,
+        "pending": [*domains, "engine"],
     }
+    warm_up = True  # the first part measured in this process warms every method up
+    for domain, prompts in domains.items():
+        result = parts.load(domain)
+        if result is None:
+            result = run_benchmark(
+                target.model,
+                target.tokenizer,
+                methods,
+                prompts,
+                size.max_new_tokens,
+                repeats=size.repeats,
+                warm_up=warm_up,
+            )
+            result["finished"] = utc_now()
+            parts.save(domain, result)
+            warm_up = False
+        report["domains"][domain] = result
+        report["summary"] = summarize_domains(report["domains"])
+        report["pending"].remove(domain)
+        on_part(report)
+    engine = parts.load("engine")
+    if engine is None:
+        from ..prompts import load_prompts
+
+        mixed = load_prompts("mixed", data_dir=data_dir, limit=max(max(size.concurrencies), size.engine_requests))
+        engine = run_engine_benchmark(
+            target.model,
+            target.tokenizer,
+            engine_drafters,
+            mixed["prompt"],
+            list(size.concurrencies),
+            size.engine_max_new_tokens,
+            min_requests=size.engine_requests,
+            repeats=size.engine_repeats,
+        )
+        engine["finished"] = utc_now()
+        parts.save("engine", engine)
+    report["engine"] = engine
+    report["pending"].remove("engine")
+    on_part(report)
+    return report
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def summarize_domains(domains: dict) -> dict:
@@ -248,20 +358,21 @@ def write_plots(report: dict, directory: str) -> list[str]:
     figure.tight_layout()
     paths.append(_save(figure, directory, "acceptance_by_position.png"))
 
-    figure, axis = plt.subplots(figsize=(7, 4))
-    series: dict[str, list[tuple[int, float]]] = {}
-    for level in report["engine"]["concurrency"]:
-        for run in level["runs"]:
-            series.setdefault(run["name"], []).append((level["concurrency"], run["tokens_per_s"]))
-    for name, points in series.items():
-        axis.plot(*zip(*points), marker="o", label=name, linewidth=2.5 if name == "batched-ar" else 1.2)
-    axis.set_xscale("log", base=2)
-    axis.set_xlabel("concurrent requests")
-    axis.set_ylabel("output tokens/s")
-    axis.set_title("Batched engine: throughput vs concurrency")
-    axis.legend(fontsize=7)
-    figure.tight_layout()
-    paths.append(_save(figure, directory, "throughput_vs_concurrency.png"))
+    if report["engine"] is not None:
+        figure, axis = plt.subplots(figsize=(7, 4))
+        series: dict[str, list[tuple[int, float]]] = {}
+        for level in report["engine"]["concurrency"]:
+            for run in level["runs"]:
+                series.setdefault(run["name"], []).append((level["concurrency"], run["tokens_per_s"]))
+        for name, points in series.items():
+            axis.plot(*zip(*points), marker="o", label=name, linewidth=2.5 if name == "batched-ar" else 1.2)
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("concurrent requests")
+        axis.set_ylabel("output tokens/s")
+        axis.set_title("Batched engine: throughput vs concurrency")
+        axis.legend(fontsize=7)
+        figure.tight_layout()
+        paths.append(_save(figure, directory, "throughput_vs_concurrency.png"))
     return paths
 
 
@@ -281,13 +392,20 @@ def markdown_report(report: dict, plots: list[str], relative_to: str, command: s
     parts = [
         "# Benchmarks",
         "",
-        f"Latest suite run, reproduced with `{command}`." if command else "Latest suite run.",
+        "Every number on this page comes from one command"
+        + (f", `{command}`" if command else " (`angelspec suite`)")
+        + ", which writes this page, `results.json` and the plots beside it, and the suite section of each model "
+        "card; rerun it to regenerate the page (a run cut off resumes at the next unmeasured domain). Earlier "
+        "measurements, and how the numbers got here, are in [docs/experiments.md](docs/experiments.md).",
         "",
         f"Machine: {machine['cpu_count']} CPUs, {machine['threads']} torch threads, torch {machine['torch']}, "
-        f"transformers {machine['transformers']}. {size['prompts_per_domain']} prompts per domain, "
-        f"{size['max_new_tokens']} new tokens, greedy; every speculative output is checked against AR. Times are medians "
-        f"of {size['repeats']} run(s) of each generation; the time split is drafting / target forwards / the rest "
-        "(a dash: transformers' own drafters are not timed apart, their drafting is in the rest).",
+        f"transformers {machine['transformers']}, {machine['processor'] or machine['platform']}. "
+        f"{size['prompts_per_domain']} prompts per domain, {size['max_new_tokens']} new tokens, greedy, the target in "
+        "its own precision; every speculative output is checked against AR's, and every method runs in the same "
+        f"process as AR, prompt by prompt. Times are medians of {size['repeats']} run(s) of each generation. τ is "
+        "tokens per target forward (the bonus token included). The time split is drafting / target forwards / the "
+        "rest (a dash: transformers' own drafters are not timed apart, their drafting is in the rest); round ms is the "
+        "median round's target forward / drafting / rest.",
         "",
         *(
             [
@@ -298,6 +416,14 @@ def markdown_report(report: dict, plots: list[str], relative_to: str, command: s
             if report.get("size_name") == "quick"
             else []
         ),
+        *(
+            [
+                f"**Incomplete**: still to measure: {', '.join(report['pending'])}. The same command resumes there.",
+                "",
+            ]
+            if report.get("pending")
+            else []
+        ),
         "## Speedup over AR per domain (τ in brackets)",
         "",
         summary_table(report),
@@ -305,19 +431,33 @@ def markdown_report(report: dict, plots: list[str], relative_to: str, command: s
     ]
     parts += [f"![{os.path.basename(p)}]({os.path.relpath(p, relative_to)})" for p in plots]
     for domain, result in report["domains"].items():
-        parts += ["", f"## {domain}", "", markdown_table(result)]
+        parts += ["", f"## {domain}", "", _measured_on(result, machine), "", markdown_table(result)]
     engine = report["engine"]
-    parts += [
-        "",
-        "## Batched engine (chat + math + code mix)",
-        "",
-        f"{engine['max_new_tokens']} new tokens per request; tokens/s is the median of {engine.get('repeats', 1)} run(s) "
-        "of each method, the methods taking turns.",
-        "",
-        format_engine_table(engine),
-        "",
-    ]
-    return "\n".join(parts)
+    if engine is not None:
+        parts += [
+            "",
+            "## Batched engine (chat + math + code mix)",
+            "",
+            _measured_on(engine, machine),
+            "",
+            f"{engine['max_new_tokens']} new tokens per request; tokens/s is the median of {engine.get('repeats', 1)} "
+            "run(s) of each method, the methods taking turns.",
+            "",
+            format_engine_table(engine),
+        ]
+    return "\n".join(parts) + "\n"
+
+
+def _measured_on(result: dict, machine: dict) -> str:
+    """When a part was measured, and on what, where that differs from the page's machine."""
+    line = f"Measured {result.get('finished', 'before parts were dated')}"
+    theirs = result.get("machine", machine)
+    if theirs != machine:
+        line += (
+            f" on another machine: {theirs['cpu_count']} CPUs, {theirs['threads']} threads, torch {theirs['torch']}, "
+            f"transformers {theirs['transformers']}"
+        )
+    return line + "."
 
 
 CARD_SECTION_START = "<!-- angelspec suite: start (written by `angelspec suite --update-model-cards`) -->"
@@ -396,18 +536,31 @@ def main(args) -> dict:
     }
     size = dataclasses.replace(size, **{key: value for key, value in overrides.items() if value is not None})
     target = load_target_from_args(args)
-    report = run_suite(target, size, args.drafters_dir, args.data_dir)
-    report["command"] = getattr(args, "command_line", None)
-    report["size_name"] = "quick" if args.quick else "full"
-    os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, "results.json"), "w") as handle:
-        json.dump(report, handle, indent=2)
-    plots = write_plots(report, args.output_dir)
     markdown_path = args.benchmarks_md or os.path.join(args.output_dir, "RESULTS.md")
-    with open(markdown_path, "w") as handle:
-        handle.write(
-            markdown_report(report, plots, os.path.dirname(os.path.abspath(markdown_path)), report["command"])
-        )
+    command = getattr(args, "command_line", None)
+
+    def write(report: dict) -> None:
+        report["command"] = command
+        report["size_name"] = "quick" if args.quick else "full"
+        os.makedirs(args.output_dir, exist_ok=True)
+        temporary = os.path.join(args.output_dir, "results.json.tmp")
+        with open(temporary, "w") as handle:
+            json.dump(report, handle, indent=2)
+        os.replace(temporary, os.path.join(args.output_dir, "results.json"))
+        plots = write_plots(report, args.output_dir)
+        with open(markdown_path, "w") as handle:
+            handle.write(markdown_report(report, plots, os.path.dirname(os.path.abspath(markdown_path)), command))
+
+    report = run_suite(
+        target,
+        size,
+        args.drafters_dir,
+        args.output_dir,
+        args.data_dir,
+        ablations=args.ablations,
+        fresh=args.fresh,
+        on_part=write,
+    )
     print(summary_table(report))
     print(f"\nresults: {args.output_dir}/results.json, report: {markdown_path}")
     if args.update_model_cards:
