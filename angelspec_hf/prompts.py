@@ -156,8 +156,9 @@ PROMPT_SETS: dict[str, PromptSet] = {
 }
 
 
-# Named mixtures: chat, math and code prompts in turn (the engine benchmark's serving mix).
-MIXTURES = {"mixed": "mt_bench+gsm8k_test+mbpp_test"}
+# Named mixtures, prompts in turn: chat, math and code (the engine benchmark's serving mix); chat and code (the
+# server's load benchmark).
+MIXTURES = {"mixed": "mt_bench+gsm8k_test+mbpp_test", "chat_code": "mt_bench+mbpp_test"}
 
 
 PACKAGED_DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "prompts")

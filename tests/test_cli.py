@@ -223,6 +223,21 @@ def test_suite_sizes_and_drafters_dir(capsys, tmp_path):
     assert "--drafters-dir" in error and "no such folder" in error
 
 
+def test_serve_and_its_load_benchmark_check_their_arguments(capsys, tmp_path, monkeypatch):
+    assert "not a port number" in one_line_error(capsys, "serve", "--port", "70000")
+    assert "--request-timeout: must be a positive number" in usage_error(capsys, "serve", "--request-timeout", "0")
+    error = one_line_error(capsys, "serve", "--drafter", tmp_path / "nowhere")
+    assert "nowhere" in error
+    assert "--rates: must be comma-separated positive numbers" in usage_error(capsys, "serve-bench", "--rates", "1,-2")
+    assert "--streams" in usage_error(capsys, "serve-bench", "--streams", "0")
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "uvicorn" else find_spec(name))
+    assert "pip install 'angelspec_hf[serve]'" in one_line_error(capsys, "serve")
+    assert "serving needs uvicorn" in one_line_error(capsys, "serve-bench")
+
+
 @pytest.mark.parametrize("value", ["-1", "nan", "hot"])
 def test_negative_temperature_is_an_error(capsys, tmp_path, prompts, value):
     error = usage_error(

@@ -9,7 +9,7 @@ import torch
 from conftest import ARCHITECTURES, make_target
 from oracles import BatchOracleDFly, BatchOracleMTP
 
-from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
+from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, SuffixDrafter
 from angelspec_hf.generation.draft_round import DraftRound
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
 from angelspec_hf.generation.verify_cost import VerifyCostModel
@@ -84,6 +84,32 @@ def test_batched_autoregressive_baseline_matches_generate():
     references = solo_outputs(target, requests)
     outputs = SpeculativeEngine(target, None, max_batch_size=3).generate(requests)
     assert [o.output_ids for o in outputs] == [references[r.request_id] for r in requests]
+
+
+def test_cancelled_requests_leave_the_queue_and_the_batch_and_the_others_are_unchanged(dcut_always_drafts):
+    """A server's client going away: a running and a waiting request cancelled between steps."""
+    target = make_target("llama", num_hidden_layers=2)
+    requests = [Request(r.input_ids, max_new_tokens=30, request_id=r.request_id) for r in mixed_requests(96, count=5)]
+    references = solo_outputs(target, requests)
+    drafter = SuffixDrafter.from_target(target)
+    engine = SpeculativeEngine(target, drafter, max_batch_size=2, cost_model=flat_cost_model())
+    outputs = [engine.submit(request) for request in requests]
+    engine.step()
+    running, waiting = outputs[0], outputs[3]
+    engine.cancel(running)
+    engine.cancel(waiting)
+    cut_at = len(running.output_ids)
+    while engine.has_unfinished():
+        engine.step()
+    assert running.finish_reason == waiting.finish_reason == "cancelled"
+    assert len(running.output_ids) == cut_at and waiting.output_ids == []
+    for request, output in zip(requests, outputs):
+        if output not in (running, waiting):
+            assert output.output_ids == references[request.request_id] and output.finish_reason in ("eos", "length")
+    # Only whole answers are kept in the suffix drafter's index of served outputs.
+    whole = [o.output_ids for o in outputs if o.finish_reason != "cancelled"]
+    key = drafter.shared_index.key_length
+    assert sorted(drafter.shared_index.sequences) == sorted(ids for ids in whole if len(ids) > key) != []
 
 
 def test_untrained_drafter_with_dcut_is_lossless_and_reports_stats(dcut_always_drafts):

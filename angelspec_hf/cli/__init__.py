@@ -24,6 +24,8 @@ from . import (
     index_outputs,
     profile,
     regenerate,
+    serve,
+    serve_bench,
     snapshot,
     suite,
     teacher_forced,
@@ -46,6 +48,8 @@ COMMANDS = {
         index_outputs,
         suite,
         bench,
+        serve,
+        serve_bench,
     )
 }
 

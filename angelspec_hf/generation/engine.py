@@ -23,6 +23,7 @@ batch-size 1, and servers such as vLLM are outside it.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import numbers
 import os
 import time
@@ -47,7 +48,13 @@ logger = logging.get_logger(__name__)
 
 @dataclass
 class Request:
-    """One generation request. `eos_token_id` defaults to the target's; sampling settings are per request."""
+    """One generation request. `eos_token_id` defaults to the target's; sampling settings are per request.
+
+    A sampled request's `seed` seeds its random draws. With `reproducible` (and a seed) its text depends on the
+    seed alone — not on the drafter, the depth D-cut verified or the other requests in the batch: each token is a
+    sample of the target's law drawn from (seed, position) (`seeded_sample`), and drafts are accepted while they
+    equal those samples (fewer than rejection sampling accepts), as an API's `seed` promises.
+    """
 
     input_ids: list[int]
     max_new_tokens: int = 128
@@ -58,11 +65,13 @@ class Request:
     top_p: float | None = None
     seed: int | None = None
     request_id: int | str | None = None
+    reproducible: bool = False
 
 
 @dataclass
 class RequestOutput:
-    """What a request produced: new tokens, why it stopped (`eos`, `length` or `error`), and its speculation stats."""
+    """What a request produced: new tokens, why it stopped (`eos`, `length`, `error`, or `cancelled` by
+    `SpeculativeEngine.cancel`), and its speculation stats."""
 
     request_id: int | str | None
     prompt_ids: list[int]
@@ -217,6 +226,7 @@ class SpeculativeEngine:
         self._submitted = 0
         self._rows_without_drafts: set[int] | None = None  # after a drafting failure (`_drafting_paused`)
         self._waiting: deque[tuple[Request, RequestOutput]] = deque()
+        self._cancelled_running = False  # a running request was cancelled: it leaves before the next round
         self.rows: list[_Row] = []
         self.cache = RaggedCache(0, self.device)
         self.draft_state = self.drafter.new_draft_state(0) if self.drafter is not None else None
@@ -233,16 +243,26 @@ class SpeculativeEngine:
             request = Request(input_ids=request, **defaults)
         self._submitted += 1
         request_id = request.request_id if request.request_id is not None else self._submitted - 1
-        input_ids, problem = _token_list(request.input_ids, self.vocab_size)
+        input_ids, _ = _token_list(request.input_ids, self.vocab_size)
         output = RequestOutput(request_id, input_ids)
+        problem = self.problem(request)
         request = dataclasses.replace(request, input_ids=input_ids, request_id=request_id)
-        problem = problem or self._problem(request)
         if problem is not None:
             output.finish_reason, output.error = "error", f"request {request_id!r} rejected: {problem}"
             logger.warning(output.error)
         else:
             self._waiting.append((request, output))
         return output
+
+    def cancel(self, output: RequestOutput) -> None:
+        """Finish a waiting or running request now, `finish_reason="cancelled"` (its client went away, its deadline
+        passed): a waiting one leaves the queue, a running one the batch at the next `step()`, before its round."""
+        if output.finish_reason is not None:
+            return
+        output.finish_reason = "cancelled"
+        waiting = len(self._waiting)
+        self._waiting = deque(item for item in self._waiting if item[1] is not output)
+        self._cancelled_running |= len(self._waiting) == waiting
 
     def has_unfinished(self) -> bool:
         """Whether requests are waiting or running."""
@@ -254,6 +274,9 @@ class SpeculativeEngine:
         finished. A failure in one request's own work (its prefill, acceptance or sampling) finishes that request
         with `finish_reason="error"`; one in the batch's shared forwards cannot be pinned on a request, so it
         finishes the rows running at that moment (with the error) and the engine goes on with the waiting ones."""
+        if self._cancelled_running:
+            self._cancelled_running = False
+            self._retire()
         self._admit()
         timing = None
         if self.rows:
@@ -292,8 +315,13 @@ class SpeculativeEngine:
 
     # -- admission --------------------------------------------------------------------------------------------------
 
-    def _problem(self, request: Request) -> str | None:
-        """Why `request` (token ids already checked) can never be served, or None."""
+    def problem(self, request: Request) -> str | None:
+        """Why `request` can never be served here (its token ids, sampling settings, context or memory), or None;
+        `submit` refuses such a request, a server answers it before it reaches the engine."""
+        input_ids, problem = _token_list(request.input_ids, self.vocab_size)
+        if problem is not None:
+            return problem
+        request = dataclasses.replace(request, input_ids=input_ids)
         if not _is_int(request.max_new_tokens) or request.max_new_tokens < 1:
             return f"max_new_tokens must be a positive integer, got {request.max_new_tokens!r}"
         eos = request.eos_token_id
@@ -305,6 +333,8 @@ class SpeculativeEngine:
                 return sampling_problem
         if request.seed is not None and not _is_int(request.seed):
             return f"seed must be an integer, got {request.seed!r}"
+        if request.reproducible and request.do_sample and request.seed is None:
+            return "a reproducible sampled request needs a seed"
         length = len(request.input_ids) + request.max_new_tokens
         if self.context_limit is not None and length > self.context_limit:
             return (
@@ -501,7 +531,11 @@ class SpeculativeEngine:
         for r, row in enumerate(self.rows):
             depth = depths[r]
             try:
-                if row.request.do_sample:
+                if row.request.do_sample and row.request.reproducible:
+                    accepted, bonus = self._accept_seeded(
+                        row, out.logits[r, : depth + 1].float(), chunk[r, 1 : depth + 1]
+                    )
+                elif row.request.do_sample:
                     q = None
                     if depth:
                         q = (
@@ -551,6 +585,18 @@ class SpeculativeEngine:
                 return k, int(torch.multinomial(residual, 1, generator=row.generator)[0])
         return len(drafts), int(torch.multinomial(p[len(drafts)], 1, generator=row.generator)[0])
 
+    def _accept_seeded(self, row: _Row, logits: torch.Tensor, drafts: torch.Tensor) -> tuple[int, int]:
+        """A reproducible request's drafts against its own samples: the token at each position is
+        `seeded_sample(p, seed, position)`; drafts are accepted while equal to it, then that sample follows."""
+        p = self._probabilities(row, logits)
+        start = len(row.output.output_ids)
+        drafted = drafts.tolist()
+        for k in range(len(drafted) + 1):
+            sample = seeded_sample(p[k], row.request.seed, start + k)
+            if k == len(drafted) or drafted[k] != sample:
+                return k, sample
+        raise AssertionError("unreachable")
+
     def _probabilities(self, row: _Row, logits: torch.Tensor) -> torch.Tensor:
         """The target's sampling distribution at each position after the request's temperature / top-k / top-p."""
         ids = torch.tensor([row.request.input_ids + row.output.output_ids], device=self.device)
@@ -559,7 +605,11 @@ class SpeculativeEngine:
     def _sample(self, row: _Row, logits: torch.Tensor) -> torch.LongTensor:
         if not row.request.do_sample:
             return logits.argmax(-1)
-        return torch.multinomial(self._probabilities(row, logits), 1, generator=row.generator)[:, 0]
+        p = self._probabilities(row, logits)
+        if row.request.reproducible:
+            position = len(row.output.output_ids)
+            return torch.tensor([seeded_sample(p[0], row.request.seed, position)], device=self.device)
+        return torch.multinomial(p, 1, generator=row.generator)[:, 0]
 
     # -- bookkeeping --------------------------------------------------------------------------------------------------
 
@@ -568,7 +618,7 @@ class SpeculativeEngine:
         keep = [r for r, row in enumerate(self.rows) if row.output.finish_reason is None]
         if self.drafter is not None:
             for row in self.rows:
-                if row.output.finish_reason is not None and row.output.error is None:
+                if row.output.finish_reason in ("eos", "length"):  # a whole answer, not a cut-off or failed one
                     self.drafter.record_output(row.output.output_ids)
         if len(keep) < len(self.rows):
             rows = torch.tensor(keep, dtype=torch.long, device=self.device)
@@ -584,6 +634,17 @@ class SpeculativeEngine:
         held = self.cache.nbytes() + (self.draft_state.nbytes() if self.draft_state is not None else 0)
         self.stats.peak_cache_bytes = max(self.stats.peak_cache_bytes, held)
         self.stats.peak_rss_bytes = max(self.stats.peak_rss_bytes, resident_memory_bytes(self.device))
+
+
+def seeded_sample(probabilities: torch.Tensor, seed: int, position: int) -> int:
+    """A sample of `probabilities` drawn from (`seed`, `position`) alone: argmax p(x) / E(x) with E(x) ~ Exp(1)
+    seeded by both (the exponential race, i.e. the Gumbel-max trick). The noise of each position is independent of
+    every other's, so a text sampled token by token this way follows the target's law exactly."""
+    key = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8).digest()
+    generator = torch.Generator(device=probabilities.device)
+    generator.manual_seed(int.from_bytes(key, "little") >> 1)
+    race = torch.empty_like(probabilities, dtype=torch.float64).exponential_(generator=generator)
+    return int((probabilities.double() / race).argmax())
 
 
 def _is_int(value) -> bool:
