@@ -153,7 +153,11 @@ def test_bad_requests_are_refused_by_field_while_others_complete(target, smollm2
             async with httpx.AsyncClient(base_url=url, timeout=60) as http:
                 calls = [http.post("/v1/chat/completions", json=body) for body, _, _ in bad]
                 calls += [http.post("/v1/chat/completions", json=good) for _ in range(4)]
-                calls.append(http.post("/v1/chat/completions", content=b"{not json"))
+                calls.append(
+                    http.post(
+                        "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+                    )
+                )
                 return await asyncio.gather(*calls)
 
         responses = asyncio.run(mixed())
@@ -164,10 +168,15 @@ def test_bad_requests_are_refused_by_field_while_others_complete(target, smollm2
         expected = reference(target, smollm2_tokenizer, "Hi", 8)
         for response in responses[len(bad) : len(bad) + 4]:
             assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == expected
-        assert responses[-1].status_code == 400
+        assert responses[-1].status_code == 400 and "not valid JSON" in responses[-1].json()["error"]["message"]
         metrics = httpx.get(f"{url}/metrics").text
         assert 'angelspec_requests_total{endpoint="chat",outcome="invalid"} 12.0' in metrics
         assert 'angelspec_requests_total{endpoint="chat",outcome="ok"} 4.0' in metrics
+        # Without max_tokens a request gets the server's default, within the context.
+        long_prompt = {**good, "messages": [{"role": "user", "content": "word " * 480}]}
+        del long_prompt["max_tokens"]
+        answer = httpx.post(f"{url}/v1/chat/completions", json=long_prompt, timeout=60).json()
+        assert answer["usage"]["prompt_tokens"] + answer["usage"]["completion_tokens"] <= 512
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_row(target, smollm2_tokenizer):

@@ -115,6 +115,8 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def invalid_request(http: HTTPRequest, error: RequestValidationError) -> JSONResponse:
         first = error.errors()[0]
+        if first.get("type") == "json_invalid":
+            return refuse(_endpoint(http.url.path), RequestProblem(400, f"the body is not valid JSON: {first['msg']}"))
         param = ".".join(str(part) for part in first["loc"] if part != "body") or None
         message = f"{param}: {first['msg']}" if param else first["msg"]
         return refuse(_endpoint(http.url.path), RequestProblem(400, message, param))
@@ -151,9 +153,13 @@ def create_app(
         if refused is not None:
             raise RequestProblem(400, f"{refused}: not served by this server", refused)
         sampled = body.temperature > 0
+        max_new_tokens = body.length
+        if max_new_tokens is None:  # up to the server's default, within the target's context
+            room = engine.context_limit - len(prompt_ids) if engine.context_limit else default_max_tokens
+            max_new_tokens = max(1, min(default_max_tokens, room))
         request = Request(
             prompt_ids,
-            max_new_tokens=body.length or default_max_tokens,
+            max_new_tokens=max_new_tokens,
             do_sample=sampled,
             temperature=body.temperature if sampled else 1.0,
             top_p=body.top_p if sampled and body.top_p < 1 else None,
