@@ -178,12 +178,18 @@ def test_sampling_keeps_the_target_law_under_every_schedule_and_path(kind, sched
     check_sampled_law(kind, schedule, path, drafting, profile, case, monkeypatch)
 
 
+# A verify forward of 100 s: every drafted token pays, whatever the drafting takes on a loaded machine.
+FLAT_PROFILE = VerifyCostModel(rows=[1, 64], tokens=[1, 32], seconds=[[100.0, 100.1], [100.0, 100.1]], context=128)
+
+
 @pytest.mark.chi2
-@pytest.mark.parametrize("kind, least_accepted", [("mtp", 100), ("suffix", 20)])
-def test_reproducible_sampling_keeps_the_target_law_and_depends_on_the_seed_alone(kind, least_accepted, monkeypatch):
+@pytest.mark.parametrize("kind, schedule, least_accepted", [("mtp", "dcut", 100), ("suffix", "constant-3", 20)])
+def test_reproducible_sampling_keeps_the_target_law_and_depends_on_the_seed_alone(
+    kind, schedule, least_accepted, monkeypatch
+):
     """Reproducible requests (`Request.reproducible`): each token drawn from (seed, position). Their law is the
-    target's under D-cut at 4 rows, and the same seeds give the same texts with no drafter, one at a time."""
-    monkeypatch.setattr(policies, "load_cost_model", lambda target, rows=(1,): REAL_PROFILE)
+    target's at 4 rows, and the same seeds give the same texts with no drafter, one at a time."""
+    monkeypatch.setattr(policies, "load_cost_model", lambda target, rows=(1,): FLAT_PROFILE)
     monkeypatch.setattr(policies.DCut, "drafting_pays", lambda self, budget, backlog: True)
     target = tiny_target(seed=13)
     drafter = random_drafter(kind, target, scale=1.0 if kind == "mtp" else 0.0, seed=31)
@@ -191,7 +197,7 @@ def test_reproducible_sampling_keeps_the_target_law_and_depends_on_the_seed_alon
         Request(PROMPT, max_new_tokens=3, eos_token_id=[], do_sample=True, seed=s, reproducible=True)
         for s in range(1200)
     ]
-    outputs = SpeculativeEngine(target, drafter, policy="dcut", max_batch_size=4).generate(requests)
+    outputs = SpeculativeEngine(target, drafter, policy=schedule, max_batch_size=4).generate(requests)
     assert sum(sum(o.stats.accepted) for o in outputs) > least_accepted, "drafts must have been accepted"
     index = torch.tensor([(a * VOCAB + b) * VOCAB + c for a, b, c in (o.output_ids for o in outputs)])
     assert_target_law(torch.bincount(index, minlength=VOCAB**3).double(), exact_law(target))

@@ -339,7 +339,7 @@ def test_a_thousand_requests_five_percent_malformed_with_flat_memory(target, smo
             return memory, responses
 
         memory, responses = asyncio.run(hundreds())
-        assert loop.pending == 0
+        assert loop.pending == 0  # each request is counted out before its answer is sent
     for index, response in enumerate(responses):
         if plan[index]:
             field = bad_fields[index % len(bad_fields)][0]

@@ -271,3 +271,29 @@ def test_a_drafter_changed_since_a_part_was_measured_is_measured_again(smollm2_t
     suffix.save_pretrained(tmp_path / "seeded")
     digests = {suite.drafter_fingerprint(AutoModel.from_pretrained(tmp_path / name)) for name in ("empty", "seeded")}
     assert len(digests) == 2  # its shared index is part of what it is
+
+
+def test_model_cards_the_run_did_not_measure_keep_their_suite_section(tmp_path):
+    section = suite.CARD_SECTION_START + "\nearlier numbers\n" + suite.CARD_SECTION_END + "\n"
+    for kind in ("suffix", "mtp-no-ttt"):
+        (tmp_path / suite.DRAFTER_CARDS[kind]).mkdir()
+        (tmp_path / suite.DRAFTER_CARDS[kind] / "README.md").write_text(f"# {kind}\n\n" + section)
+    method = {
+        "name": "suffix:smollm2-135m-instruct-suffix[dcut]",
+        "failed": True,
+        "error": "ValueError: for another target",
+    }
+    report = {
+        "domains": {"qa": {"methods": [{"name": "ar", "failed": True, "error": "-"}, method]}},
+        "engine": {"concurrency": []},
+        "size": {"prompts_per_domain": 1, "max_new_tokens": 4},
+        "machine": {"threads": 1},
+    }
+    updated = suite.update_model_cards(report, str(tmp_path))
+    assert updated == [str(tmp_path / suite.DRAFTER_CARDS["suffix"] / "README.md")]
+    assert "earlier numbers" in (tmp_path / suite.DRAFTER_CARDS["mtp-no-ttt"] / "README.md").read_text()
+    suffix_card = (tmp_path / suite.DRAFTER_CARDS["suffix"] / "README.md").read_text()
+    assert (
+        "earlier numbers" not in suffix_card
+        and "| qa | suffix:smollm2-135m-instruct-suffix[dcut] | failed" in suffix_card
+    )

@@ -273,8 +273,20 @@ def machine_state() -> dict:
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
-        "processor": platform.processor(),
+        "processor": cpu_model() or platform.processor(),
     }
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name as Linux reports it (`platform.processor()` is empty there), or None."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 def format_table(results: dict) -> str:

@@ -477,11 +477,7 @@ def card_section(report: dict, card: str, kind: str) -> str:
         *method_table_header("domain"),
     ]
     for domain, result in report["domains"].items():
-        lines += [
-            method_row(method, domain)
-            for method in result["methods"]
-            if method["name"].partition(":")[2].partition("[")[0] == card  # "kind:card[schedule]"
-        ]
+        lines += [method_row(method, domain) for method in result["methods"] if _card_of(method["name"]) == card]
     engine_rows = [
         (level["concurrency"], run)
         for level in report["engine"]["concurrency"]
@@ -504,12 +500,19 @@ def card_section(report: dict, card: str, kind: str) -> str:
     return "\n".join(lines)
 
 
+def _card_of(method_name: str) -> str:
+    """The card of a method named "kind:card[schedule]" ("" for AR and transformers' own methods without one)."""
+    return method_name.partition(":")[2].partition("[")[0]
+
+
 def update_model_cards(report: dict, drafters_dir: str) -> list[str]:
-    """Rewrite (or append) the suite section of each shipped drafter's README.md; the rest of the card is kept."""
+    """Rewrite (or append) the suite section of each shipped drafter's README.md that the run measured (a card left
+    out, e.g. an ablation without `--ablations`, keeps its section); the rest of the card is kept."""
     updated = []
+    measured = {_card_of(method["name"]) for result in report["domains"].values() for method in result["methods"]}
     for kind, card in DRAFTER_CARDS.items():
         path = os.path.join(drafters_dir, card, "README.md")
-        if not os.path.isfile(path):
+        if not os.path.isfile(path) or card not in measured:
             continue
         with open(path) as handle:
             text = handle.read()

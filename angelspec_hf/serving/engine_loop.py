@@ -191,15 +191,15 @@ class EngineLoop:
                 drafted = output.stats.drafted[live.rounds_seen :]
                 live.rounds_seen += len(drafted)
                 self.metrics.observe_progress(live, len(tokens), drafted)
-            if tokens or finish is not None:
-                self._send(live, Progress(tokens, finish, output.error if finish is not None else None))
             if finish is None:
                 still.append(live)
-            else:
+            else:  # counted out before its client hears of it
                 with self._lock:
                     self._pending -= 1
                 if self.metrics is not None:
                     self.metrics.observe_finished(live, finish)
+            if tokens or finish is not None:
+                self._send(live, Progress(tokens, finish, output.error if finish is not None else None))
         self._live = still
         if self.metrics is not None:
             self.metrics.observe_engine(running=len(self.engine.rows), waiting=len(self._live) - len(self.engine.rows))
