@@ -36,6 +36,28 @@ def positive_int_list(text: str) -> str:
     return ",".join(str(int(item)) for item in items)
 
 
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def positive_float_list(text: str) -> str:
+    """Comma-separated positive numbers (e.g. `0.5,1`), returned as given."""
+    try:
+        for item in text.split(","):
+            positive_float(item)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"must be comma-separated positive numbers (e.g. 0.5,1), got {text!r}"
+        ) from None
+    return text
+
+
 def temperature(text: str) -> float:
     try:
         value = float(text)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 
-from ..arguments import add_target_arguments, load_target_from_args, policy, positive_int
+from ..arguments import add_target_arguments, load_target_from_args, policy, positive_float, positive_int
 from .common import UsageError, check_drafter, check_target_arguments
 
 
@@ -18,13 +18,6 @@ def check_serving_installed() -> None:
     missing = [name for name in SERVE_PACKAGES if importlib.util.find_spec(name) is None]
     if missing:
         raise UsageError(f"serving needs {', '.join(missing)}: pip install 'angelspec_hf[serve]'")
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

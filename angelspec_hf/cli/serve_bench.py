@@ -6,23 +6,19 @@ import argparse
 import json
 import os
 
-from ..arguments import add_target_arguments, load_target_from_args, positive_int, positive_int_list
+from ..arguments import (
+    add_target_arguments,
+    load_target_from_args,
+    positive_float_list,
+    positive_int,
+    positive_int_list,
+)
 from .common import check_data_dir, check_drafter, check_prompt_sources, check_target_arguments, check_writable
 from .serve import check_serving_installed
 
 
 NAME = "serve-bench"
 HELP = "the server under closed-loop streams and Poisson arrivals, each drafter against the server with none"
-
-
-def positive_float_list(text: str) -> str:
-    try:
-        values = [float(item) for item in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or not all(value > 0 for value in values):
-        raise argparse.ArgumentTypeError(f"must be comma-separated positive numbers (e.g. 0.5,1), got {text!r}")
-    return text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

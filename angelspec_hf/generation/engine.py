@@ -243,10 +243,10 @@ class SpeculativeEngine:
             request = Request(input_ids=request, **defaults)
         self._submitted += 1
         request_id = request.request_id if request.request_id is not None else self._submitted - 1
-        input_ids, _ = _token_list(request.input_ids, self.vocab_size)
+        input_ids, problem = _token_list(request.input_ids, self.vocab_size)
         output = RequestOutput(request_id, input_ids)
-        problem = self.problem(request)
         request = dataclasses.replace(request, input_ids=input_ids, request_id=request_id)
+        problem = problem or self._problem(request)
         if problem is not None:
             output.finish_reason, output.error = "error", f"request {request_id!r} rejected: {problem}"
             logger.warning(output.error)
@@ -319,9 +319,10 @@ class SpeculativeEngine:
         """Why `request` can never be served here (its token ids, sampling settings, context or memory), or None;
         `submit` refuses such a request, a server answers it before it reaches the engine."""
         input_ids, problem = _token_list(request.input_ids, self.vocab_size)
-        if problem is not None:
-            return problem
-        request = dataclasses.replace(request, input_ids=input_ids)
+        return problem or self._problem(dataclasses.replace(request, input_ids=input_ids))
+
+    def _problem(self, request: Request) -> str | None:
+        """`problem` for a request whose token ids are already checked."""
         if not _is_int(request.max_new_tokens) or request.max_new_tokens < 1:
             return f"max_new_tokens must be a positive integer, got {request.max_new_tokens!r}"
         eos = request.eos_token_id
@@ -589,13 +590,12 @@ class SpeculativeEngine:
         """A reproducible request's drafts against its own samples: the token at each position is
         `seeded_sample(p, seed, position)`; drafts are accepted while equal to it, then that sample follows."""
         p = self._probabilities(row, logits)
-        start = len(row.output.output_ids)
-        drafted = drafts.tolist()
-        for k in range(len(drafted) + 1):
-            sample = seeded_sample(p[k], row.request.seed, start + k)
-            if k == len(drafted) or drafted[k] != sample:
+        start, seed = len(row.output.output_ids), row.request.seed
+        for k, token in enumerate(drafts.tolist()):
+            sample = seeded_sample(p[k], seed, start + k)
+            if token != sample:
                 return k, sample
-        raise AssertionError("unreachable")
+        return len(drafts), seeded_sample(p[len(drafts)], seed, start + len(drafts))
 
     def _probabilities(self, row: _Row, logits: torch.Tensor) -> torch.Tensor:
         """The target's sampling distribution at each position after the request's temperature / top-k / top-p."""

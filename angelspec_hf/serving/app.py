@@ -195,6 +195,15 @@ def create_app(
             )
         return await _collect(live, text, shape, endpoint, http)
 
+    def take(live: LiveRequest, text: TextAssembler, progress) -> str:
+        """Feed a request's progress to its text; the text that may be sent now. The progress that completes a stop
+        string frees the request's row (once: what was already under way still arrives, and is dropped)."""
+        stopped = text.stopped
+        piece = text.add(progress.tokens, final=progress.finish_reason is not None)
+        if text.stopped and not stopped and progress.finish_reason is None:
+            engine_loop.cancel(live)
+        return piece
+
     async def _collect(live: LiveRequest, text: TextAssembler, shape: ResponseShape, endpoint: str, http):
         while True:
             try:
@@ -205,9 +214,7 @@ def create_app(
                     count(endpoint, "disconnected")
                     return Response(status_code=499)
                 continue
-            text.add(progress.tokens, final=progress.finish_reason is not None)
-            if text.stopped and progress.finish_reason is None:
-                engine_loop.cancel(live)  # a stop string ended it: free the row now
+            take(live, text, progress)
             if progress.finish_reason is not None:
                 break
         if progress.finish_reason in ERRORS:
@@ -228,13 +235,10 @@ def create_app(
             yield _event(shape.chunk("", first=True))
             while True:
                 progress = await live.events.get()
-                final = progress.finish_reason is not None
-                piece = text.add(progress.tokens, final=final)
+                piece = take(live, text, progress)
                 if piece:
                     yield _event(shape.chunk(piece))
-                if text.stopped and not final:
-                    engine_loop.cancel(live)  # a stop string ended it: free the row now
-                if final:
+                if progress.finish_reason is not None:
                     break
             finished = True
             if progress.finish_reason in ERRORS:

@@ -124,17 +124,17 @@ class ResponseShape:
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
-    def _envelope(self, obj: str, choice: dict) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
+    def _envelope(self, obj: str, choices: list[dict]) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
     def response(self, text: str, finish_reason: str, usage_record: dict, speculation: dict) -> dict:
         """The whole answer; `speculation` (τ, drafted and accepted tokens) is this server's own addition."""
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}
-            body = self._envelope("chat.completion", choice)
+            body = self._envelope("chat.completion", [choice])
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-            body = self._envelope("text_completion", choice)
+            body = self._envelope("text_completion", [choice])
         return {**body, "usage": usage_record, "speculation": speculation}
 
     def chunk(self, text: str | None, finish_reason: str | None = None, first: bool = False) -> dict:
@@ -142,19 +142,15 @@ class ResponseShape:
         if self.chat:
             delta = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text else {})
             return self._envelope(
-                "chat.completion.chunk", {"index": 0, "delta": delta, "finish_reason": finish_reason}
+                "chat.completion.chunk", [{"index": 0, "delta": delta, "finish_reason": finish_reason}]
             )
         return self._envelope(
-            "text_completion", {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            "text_completion", [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}]
         )
 
     def usage_chunk(self, usage_record: dict) -> dict:
         return {
-            "id": self.id,
-            "object": "chat.completion.chunk" if self.chat else "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [],
+            **self._envelope("chat.completion.chunk" if self.chat else "text_completion", []),
             "usage": usage_record,
         }
 
