@@ -5,10 +5,15 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shutil
 from dataclasses import dataclass
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging
+
+
+logger = logging.get_logger(__name__)
 
 
 DEFAULT_TARGET = "smollm2"
@@ -53,6 +58,59 @@ def _locate(name_or_path: str) -> tuple[str, dict, str]:
     return directory, ({"gguf_file": gguf_file} if gguf_file else {}), name
 
 
+def converted_gguf_directory(directory: str, gguf_file: str) -> str:
+    """Where the transformers folder converted from `directory/gguf_file` is cached (`$ANGELSPEC_CACHE/targets`),
+    keyed by the file (path, size, modification time) and the transformers version that converts it."""
+    import transformers
+
+    from .generation.measurements import cache_root
+
+    path = os.path.realpath(os.path.join(directory, gguf_file))
+    stat = os.stat(path)
+    key = f"{path}\t{stat.st_size}\t{stat.st_mtime_ns}\t{transformers.__version__}"
+    name = os.path.splitext(gguf_file)[0]
+    return os.path.join(cache_root(), "targets", f"{name}-{hashlib.sha1(key.encode()).hexdigest()[:12]}")
+
+
+def _cached_conversion(directory: str, gguf_file: str) -> str | None:
+    """The cached transformers folder of a GGUF target when a conversion completed, else None."""
+    folder = converted_gguf_directory(directory, gguf_file)
+    return folder if os.path.isfile(os.path.join(folder, "model.safetensors")) else None
+
+
+def _converted(directory: str, gguf_file: str) -> str | None:
+    """The cached transformers folder of a GGUF target, converted now if it is not cached (dequantizing and reading
+    the GGUF metadata takes about 15 s on a CPU for SmolLM2-135M; the folder loads in a fraction of a second).
+    Written into a staging folder renamed when complete, so a reader never sees half a conversion, under a file
+    lock (`measuring`), so that processes starting together convert once; None (load the GGUF file itself) when
+    the cache cannot be written."""
+    from .generation.measurements import measuring
+
+    cached = _cached_conversion(directory, gguf_file)
+    if cached is not None:
+        return cached
+    folder = converted_gguf_directory(directory, gguf_file)
+    staging = f"{folder}.tmp-{os.getpid()}"
+    try:
+        os.makedirs(os.path.dirname(folder), exist_ok=True)
+        with measuring(folder):
+            if _cached_conversion(directory, gguf_file) is None:  # not converted while this process waited
+                tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
+                model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32)
+                if getattr(model, "hf_quantizer", None) is not None:  # GGUF weights load dequantized: a plain model
+                    model.hf_quantizer.remove_quantization_config(model)
+                model.save_pretrained(staging)
+                tokenizer.save_pretrained(staging)
+                shutil.rmtree(folder, ignore_errors=True)  # the remains of a conversion that did not complete
+                os.replace(staging, folder)
+    except OSError as error:
+        logger.warning(f"Could not cache {gguf_file} as a transformers folder ({error}); loading the GGUF file")
+        return None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
 def target_context_length(name_or_path: str = DEFAULT_TARGET) -> int | None:
     """The target's context (positions) read from its files without loading it: a GGUF file's
     `<architecture>.context_length`, a folder's `config.json` `max_position_embeddings`; None when unknown (a Hub
@@ -60,9 +118,12 @@ def target_context_length(name_or_path: str = DEFAULT_TARGET) -> int | None:
     import json
 
     if name_or_path == DEFAULT_TARGET or "::" in name_or_path:
+        directory, kwargs, _ = _locate(name_or_path)
+        converted = _cached_conversion(directory, kwargs["gguf_file"])
+        if converted is not None:  # read in a millisecond, not parsed from the GGUF metadata
+            return target_context_length(converted)
         from gguf import GGUFReader
 
-        directory, kwargs, _ = _locate(name_or_path)
         fields = GGUFReader(os.path.join(directory, kwargs["gguf_file"])).fields
 
         def value(key):
@@ -84,6 +145,9 @@ def target_context_length(name_or_path: str = DEFAULT_TARGET) -> int | None:
 def load_target_tokenizer(name_or_path: str = DEFAULT_TARGET) -> PreTrainedTokenizerBase:
     """Only the tokenizer of the target `load_target(name_or_path)` loads (no weights)."""
     directory, kwargs, _ = _locate(name_or_path)
+    converted = _cached_conversion(directory, kwargs["gguf_file"]) if kwargs else None
+    if converted is not None:
+        directory, kwargs = converted, {}
     return AutoTokenizer.from_pretrained(directory, **kwargs)
 
 
@@ -97,6 +161,8 @@ def load_target(
 
     `"smollm2"` loads the embedded SmolLM2-135M-Instruct GGUF; anything else goes to `from_pretrained` (a local
     folder, or a Hub id when the Hub is reachable). `"path/to/dir::file.gguf"` loads a GGUF file from a folder.
+    A GGUF target is converted once to a transformers folder in the cache (`converted_gguf_directory`) and loaded
+    from there, with the same weights (dequantized to float32), configuration and tokenizer.
     On a CPU its linear layers follow this machine's kernel plan (`tune_linear_kernels`: measured once, cached)
     unless `tune_kernels` is False.
     """
@@ -105,6 +171,9 @@ def load_target(
             raise ValueError(f"dtype must be a torch dtype or its name (float32, bfloat16, ...), got {dtype!r}")
         dtype = getattr(torch, dtype)
     directory, kwargs, name = _locate(name_or_path)
+    converted = _converted(directory, kwargs["gguf_file"]) if kwargs else None
+    if converted is not None:
+        directory, kwargs = converted, {}
     tokenizer = AutoTokenizer.from_pretrained(directory, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **kwargs).to(device)
     model.eval().requires_grad_(False)

@@ -5,11 +5,13 @@ offline with an empty cache, and the guard in `tests/guard` fails any test (or s
 beside the checkout or reaches another host.
 """
 
+import atexit
 import contextlib
 import importlib.util
 import logging
 import os
 import re
+import shutil
 import tempfile
 
 
@@ -19,8 +21,13 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="angelspec-test-hf-home-")  # no Hub cache to fall back on
 os.environ["ANGELSPEC_DATA_DIR"] = os.path.join(TESTS_DIR, "fixtures", "data")
-# Verify-cost profiles of the tiny targets go to a throwaway folder, not the user's cache.
-os.environ["ANGELSPEC_CACHE"] = tempfile.mkdtemp(prefix="angelspec-test-cache-")
+# Verify-cost profiles, kernel plans and the converted GGUF target go to a throwaway folder, not the user's cache: one
+# for the run, made by the first process (pytest's, or xdist's controller) and shared by the workers it starts, so
+# that the real target is converted and measured once per run, not once per worker; removed when that process exits.
+if not (os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("ANGELSPEC_TEST_CACHE")):
+    os.environ["ANGELSPEC_TEST_CACHE"] = tempfile.mkdtemp(prefix="angelspec-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["ANGELSPEC_TEST_CACHE"], True)
+os.environ["ANGELSPEC_CACHE"] = os.environ["ANGELSPEC_TEST_CACHE"]
 os.environ["ANGELSPEC_TEST_FORBIDDEN_DIRS"] = os.path.abspath(os.path.join(TESTS_DIR, "..", "..", "shared"))
 os.environ["ANGELSPEC_TEST_GUARD_LOG"] = tempfile.mkstemp(prefix="angelspec-test-guard-", suffix=".log")[1]
 if GUARD_DIR not in os.environ.get("PYTHONPATH", "").split(os.pathsep):  # subprocesses import the guard at start-up
@@ -39,6 +46,9 @@ import angelspec_hf  # noqa: E402,F401  (drafters registered on first lookup)
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one worker per core: more threads per worker would only oversubscribe
     torch.set_num_threads(1)
+    # and so would a subprocess of a test (the CLI, remote code, an installed wheel) with the machine's threads: its
+    # OpenMP threads spin against the other worker's, many times slower than one thread
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 ARCHITECTURES = ["llama", "qwen2", "qwen3", "mistral"]
 
@@ -175,6 +185,6 @@ def rotate_router_members(monkeypatch):
 
 
 def pytest_collection_modifyitems(items):
-    """The χ² tests first (each 5-40 s, the rest mostly under 2 s): pytest-xdist hands tests out in this order, so the
+    """The χ² tests first (each 5-20 s, the rest mostly under 2 s): pytest-xdist hands tests out in this order, so the
     long ones no longer arrive last and keep one worker busy while the other idles."""
     items.sort(key=lambda item: item.get_closest_marker("chi2") is None)

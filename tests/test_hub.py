@@ -62,6 +62,7 @@ def test_text_generation_pipeline_loads_a_drafter_by_path(text_target, smollm2_t
     assert assisted(PROMPTS[:2], **options) == plain
 
 
+@pytest.mark.slow
 def test_text_generation_pipeline_loads_every_shipped_card_by_folder():
     """`pipeline(..., assistant_model="<shipped card folder>")` on the real target: each card carries the target's
     tokenizer (which the pipeline loads beside the model, then drops: the vocabularies are one) and its
@@ -81,6 +82,77 @@ def test_text_generation_pipeline_loads_every_shipped_card_by_folder():
         )
         assert assisted.assistant_tokenizer is None, name
         assert assisted(PROMPTS[:1], **options) == plain, name
+
+
+@pytest.mark.slow
+def test_a_gguf_target_is_converted_once_and_loads_as_the_file_does():
+    """The embedded GGUF target is converted to a transformers folder in the cache on first load (the run's cache:
+    whichever test loads it first converts it) and loaded from it afterwards: same logits, tokenizer, chat template,
+    generation config and context as the GGUF file itself; the commands' context check reads it too."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from angelspec_hf import load_target
+    from angelspec_hf.targets import (
+        SMOLLM2_GGUF_FILE,
+        converted_gguf_directory,
+        load_target_tokenizer,
+        smollm2_directory,
+        target_context_length,
+    )
+
+    converted = load_target("smollm2", tune_kernels=False)
+    assert os.path.isfile(
+        os.path.join(converted_gguf_directory(smollm2_directory(), SMOLLM2_GGUF_FILE), "config.json")
+    )
+    assert converted.model.config.name_or_path == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert not hasattr(converted.model.config, "quantization_config")
+    direct = AutoModelForCausalLM.from_pretrained(smollm2_directory(), gguf_file=SMOLLM2_GGUF_FILE)
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_directory(), gguf_file=SMOLLM2_GGUF_FILE)
+    ids = torch.tensor([[1, 2, 3, 400, 5000, 49000]])
+    assert torch.equal(converted.model(ids).logits, direct(ids).logits)
+    assert converted.tokenizer.get_vocab() == tokenizer.get_vocab() == load_target_tokenizer("smollm2").get_vocab()
+    assert converted.tokenizer.chat_template == tokenizer.chat_template
+    assert converted.model.generation_config.to_dict() == direct.generation_config.to_dict()
+    assert target_context_length("smollm2") == direct.config.max_position_embeddings == 8192
+
+
+def test_a_gguf_conversion_replaces_unfinished_remains_and_falls_back_where_the_cache_is_read_only(
+    text_target, smollm2_tokenizer, tmp_path, monkeypatch, caplog
+):
+    """The conversion is written into a staging folder renamed when complete (an interrupted one's remains are
+    replaced, no staging folder is left); where the cache cannot be written the GGUF file is loaded, with a warning."""
+    from angelspec_hf import targets
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    loads = []
+    monkeypatch.setattr(targets.AutoTokenizer, "from_pretrained", lambda *args, **kwargs: smollm2_tokenizer)
+    monkeypatch.setattr(
+        targets.AutoModelForCausalLM, "from_pretrained", lambda *args, **kwargs: loads.append(kwargs) or text_target
+    )
+    monkeypatch.setenv("ANGELSPEC_CACHE", str(tmp_path / "cache"))
+    folder = targets.converted_gguf_directory(str(tmp_path), "model.gguf")
+    os.makedirs(folder)
+    open(os.path.join(folder, "config.json"), "w").close()  # a conversion killed before its rename
+    assert targets._converted(str(tmp_path), "model.gguf") == folder
+    assert sorted(os.listdir(folder)) == sorted(
+        ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+        + (["chat_template.jinja"] if smollm2_tokenizer.chat_template else [])
+    )
+    assert sorted(os.listdir(os.path.dirname(folder))) == [
+        os.path.basename(folder),
+        f"{os.path.basename(folder)}.lock",
+    ]
+    assert len(loads) == 1
+    assert targets._converted(str(tmp_path), "model.gguf") == folder and len(loads) == 1  # cached: not loaded again
+
+    gguf.write_bytes(b"GGUF, changed")  # another file: another folder, in a cache that cannot be written
+    monkeypatch.setattr(
+        targets.os, "makedirs", lambda *args, **kwargs: (_ for _ in ()).throw(PermissionError("read-only"))
+    )
+    with caplog.at_level("WARNING"):
+        assert targets._converted(str(tmp_path), "model.gguf") is None
+    assert "loading the GGUF file" in caplog.text
 
 
 def test_load_target_takes_a_dtype_by_name(text_target, smollm2_tokenizer, tmp_path):
@@ -197,6 +269,7 @@ def test_a_router_naming_members_saved_elsewhere_is_published_with_them_inside(t
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_shipped_drafters_are_found_by_name_after_a_normal_install(tmp_path):
     """A wheel built from the repository and installed (not editable) into a scratch prefix carries the shipped
     cards: run from elsewhere, `load_drafter(name)` loads each from the installed copy, not the repository."""
@@ -346,6 +419,6 @@ def test_shipped_cards_resolve_by_name_and_by_a_clones_path_to_them(tmp_path):
         sys.path.pop(0)
     from angelspec_hf import load_target
 
-    target = load_target("smollm2")
+    target = load_target("smollm2", tune_kernels=False)  # the weights are compared, not timed
     started = DrafterArguments(init_from="smollm2-135m-instruct-mtp").build(target.model, target.tokenizer)
     assert started.dtype == torch.float32 and torch.equal(started.layer.mlp.down_proj.weight, shipped_weight)

@@ -134,3 +134,42 @@ def test_bad_tuning_arguments_are_refused_before_measuring():
         kernels.measure_linear_kernels(make_target("llama"), max_rows=0)
     with pytest.raises(ValueError, match="no nn.Linear"):
         kernels.measure_linear_kernels(nn.Sequential(nn.ReLU()))
+
+
+def test_processes_starting_together_measure_once(tmp_path, monkeypatch):
+    """Two loads of one target at once (threads here, processes in use: the lock is a file beside the cache entry)
+    measure the kernel plan and the verify-cost profile once; the second waits for the first and reads its result."""
+    import threading
+    import time
+
+    calls = {"plan": 0, "profile": 0}
+    measure_plan, profile = kernels.measure_linear_kernels, verify_cost.profile_verify_cost
+
+    def counted(name, function):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            time.sleep(0.3)  # long enough for the other thread to arrive while this one measures
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(kernels, "measure_linear_kernels", counted("plan", measure_plan))
+    monkeypatch.setattr(verify_cost, "profile_verify_cost", counted("profile", profile))
+    monkeypatch.setenv("ANGELSPEC_CACHE", str(tmp_path))
+    targets = [make_target("llama", dtype=torch.float32, seed=11) for _ in range(2)]
+    errors = []
+
+    def load(target):
+        try:
+            tune_linear_kernels(target, max_rows=2)
+            verify_cost.load_cost_model(target)
+        except Exception as error:  # noqa: BLE001  (reported by the assertion below)
+            errors.append(error)
+
+    threads = [threading.Thread(target=load, args=(target,)) for target in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and calls == {"plan": 1, "profile": 1}
+    assert installed_plan(targets[0]).choices == installed_plan(targets[1]).choices

@@ -29,6 +29,7 @@ def target_dir(chat_target, smollm2_tokenizer, tmp_path):
     return str(directory)
 
 
+@pytest.mark.slow
 def test_the_one_shot_run_makes_data_trains_scores_and_saves_every_recipe(
     chat_target, smollm2_tokenizer, target_dir, tmp_path
 ):

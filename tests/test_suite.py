@@ -116,6 +116,7 @@ def suite_command(tmp_path, *extra):
     ]
 
 
+@pytest.mark.slow
 def test_quick_suite_runs_every_method_and_reports_a_failing_one(smollm2_tokenizer, tmp_path, monkeypatch, capsys):
     cards = make_cards(tmp_path, smollm2_tokenizer)
     (cards / suite.DRAFTER_CARDS["mtp"] / "README.md").write_text(
@@ -197,6 +198,7 @@ def test_quick_suite_runs_every_method_and_reports_a_failing_one(smollm2_tokeniz
     )
 
 
+@pytest.mark.slow
 def test_a_suite_cut_off_resumes_at_the_next_unmeasured_part(smollm2_tokenizer, tmp_path, monkeypatch, package_log):
     cards = make_cards(tmp_path, smollm2_tokenizer)
     target = AutoModelForCausalLM.from_pretrained(tmp_path / "target")

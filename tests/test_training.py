@@ -320,6 +320,7 @@ def test_example_script_trains_dfly_with_the_same_trainer(chat_target, smollm2_t
     )
 
 
+@pytest.mark.slow
 def test_example_script_trains_with_two_cpu_processes(chat_target, smollm2_tokenizer, responses, tmp_path):
     """`accelerate launch --multi_gpu --num_processes 2` on CPU really runs DDP with world size 2 (gloo)."""
     target_dir = tmp_path / "target"

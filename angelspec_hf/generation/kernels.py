@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .measurements import cache_path, keep_cached, machine_description, read_cached, write_json_atomically
+from .measurements import cache_path, keep_cached, machine_description, measuring, read_cached, write_json_atomically
 
 
 def _weight_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -175,8 +175,11 @@ def tune_linear_kernels(
     path = path or kernel_plan_path(model)
     plan = None if measure else read_cached(path, LinearKernelPlan.load, "Linear-kernel plan")
     if plan is None or plan.max_rows != max_rows:
-        plan = measure_linear_kernels(model, max_rows=max_rows)
-        keep_cached(path, plan, "linear-kernel plan")
+        with measuring(path):
+            plan = None if measure else read_cached(path, LinearKernelPlan.load, "Linear-kernel plan")
+            if plan is None or plan.max_rows != max_rows:  # not measured while this process waited
+                plan = measure_linear_kernels(model, max_rows=max_rows)
+                keep_cached(path, plan, "linear-kernel plan")
     follow_plan(model, plan)
     return plan
 

@@ -3,6 +3,7 @@ they depend on, written atomically, re-measured with a warning when what is cach
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -43,12 +44,16 @@ def machine_description(target) -> dict:
     }
 
 
+def cache_root() -> str:
+    """The package's cache on this machine: `$ANGELSPEC_CACHE`, default ~/.cache/angelspec_hf."""
+    return os.environ.get("ANGELSPEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "angelspec_hf")
+
+
 def cache_path(kind: str, target) -> str:
-    """Where a measurement of `kind` of `target` on this machine is cached (`$ANGELSPEC_CACHE`, default
-    ~/.cache/angelspec_hf), keyed by `machine_description`."""
-    root = os.environ.get("ANGELSPEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "angelspec_hf")
+    """Where a measurement of `kind` of `target` on this machine is cached (`cache_root`), keyed by
+    `machine_description`."""
     key = hashlib.sha1(json.dumps(machine_description(target), sort_keys=True).encode()).hexdigest()[:16]
-    return os.path.join(root, kind, f"{key}.json")
+    return os.path.join(cache_root(), kind, f"{key}.json")
 
 
 def write_json_atomically(path: str, data) -> None:
@@ -58,6 +63,26 @@ def write_json_atomically(path: str, data) -> None:
     with os.fdopen(handle, "w") as stream:
         json.dump(data, stream, indent=1)
     os.replace(temporary, path)
+
+
+@contextlib.contextmanager
+def measuring(path: str):
+    """Held while this process measures what it caches at `path` (a file lock beside it): a process that wants the
+    same measurement meanwhile waits, then reads it, so that processes starting together measure once, and never
+    under each other's load. Where the cache folder cannot be written, no lock is taken."""
+    from filelock import FileLock
+
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        lock = FileLock(f"{path}.lock")
+        lock.acquire()
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def read_cached(path: str, load: Callable, what: str):

@@ -16,7 +16,14 @@ from transformers import DynamicCache
 from transformers.utils.logging import tqdm  # honours transformers.utils.logging.disable_progress_bar()
 
 from ..cache_utils import with_cache
-from .measurements import cache_path, keep_cached, machine_description, read_cached, write_json_atomically
+from .measurements import (
+    cache_path,
+    keep_cached,
+    machine_description,
+    measuring,
+    read_cached,
+    write_json_atomically,
+)
 from .timing import device_clock
 
 
@@ -198,7 +205,10 @@ def load_cost_model(target, path: str | None = None, rows: Sequence[int] = (1,))
         return _LOADED[path]
     model = read_cached(path, VerifyCostModel.load, "Verify-cost profile")
     if model is None or not set(rows) <= set(model.rows):
-        model = profile_verify_cost(target, rows=sorted(set(rows) | set(model.rows if model else ())))
-        keep_cached(path, model, "verify-cost profile")
+        with measuring(path):
+            model = read_cached(path, VerifyCostModel.load, "Verify-cost profile")  # profiled while this one waited?
+            if model is None or not set(rows) <= set(model.rows):
+                model = profile_verify_cost(target, rows=sorted(set(rows) | set(model.rows if model else ())))
+                keep_cached(path, model, "verify-cost profile")
     _LOADED[path] = model
     return model
