@@ -72,10 +72,15 @@ def converted_gguf_directory(directory: str, gguf_file: str) -> str:
     return os.path.join(cache_root(), "targets", f"{name}-{hashlib.sha1(key.encode()).hexdigest()[:12]}")
 
 
+def _complete(folder: str) -> bool:
+    """Whether a conversion into `folder` completed (the weights are written last, before the rename)."""
+    return os.path.isfile(os.path.join(folder, "model.safetensors"))
+
+
 def _cached_conversion(directory: str, gguf_file: str) -> str | None:
     """The cached transformers folder of a GGUF target when a conversion completed, else None."""
     folder = converted_gguf_directory(directory, gguf_file)
-    return folder if os.path.isfile(os.path.join(folder, "model.safetensors")) else None
+    return folder if _complete(folder) else None
 
 
 def _converted(directory: str, gguf_file: str) -> str | None:
@@ -86,15 +91,14 @@ def _converted(directory: str, gguf_file: str) -> str | None:
     the cache cannot be written."""
     from .generation.measurements import measuring
 
-    cached = _cached_conversion(directory, gguf_file)
-    if cached is not None:
-        return cached
     folder = converted_gguf_directory(directory, gguf_file)
+    if _complete(folder):
+        return folder
     staging = f"{folder}.tmp-{os.getpid()}"
     try:
         os.makedirs(os.path.dirname(folder), exist_ok=True)
         with measuring(folder):
-            if _cached_conversion(directory, gguf_file) is None:  # not converted while this process waited
+            if not _complete(folder):  # not converted while this process waited
                 tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
                 model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32)
                 if getattr(model, "hf_quantizer", None) is not None:  # GGUF weights load dequantized: a plain model

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .measurements import cache_path, keep_cached, machine_description, measuring, read_cached, write_json_atomically
+from .measurements import cache_path, machine_description, read_or_measure, write_json_atomically
 
 
 def _weight_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -173,13 +173,14 @@ def tune_linear_kernels(
         return None
     untune_linear_kernels(model)  # the plan's key and measurement are of the plain model
     path = path or kernel_plan_path(model)
-    plan = None if measure else read_cached(path, LinearKernelPlan.load, "Linear-kernel plan")
-    if plan is None or plan.max_rows != max_rows:
-        with measuring(path):
-            plan = None if measure else read_cached(path, LinearKernelPlan.load, "Linear-kernel plan")
-            if plan is None or plan.max_rows != max_rows:  # not measured while this process waited
-                plan = measure_linear_kernels(model, max_rows=max_rows)
-                keep_cached(path, plan, "linear-kernel plan")
+    plan = read_or_measure(
+        path,
+        LinearKernelPlan.load,
+        "linear-kernel plan",
+        lambda cached: measure_linear_kernels(model, max_rows=max_rows),
+        usable=lambda plan: plan.max_rows == max_rows,
+        fresh=measure,
+    )
     follow_plan(model, plan)
     return plan
 

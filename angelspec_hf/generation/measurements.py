@@ -104,3 +104,24 @@ def keep_cached(path: str, measurement, what: str) -> None:
         measurement.save(path)
     except OSError as error:
         logger.warning(f"Could not cache the {what} at {path} ({error}); using it without saving.")
+
+
+def read_or_measure(path: str, load: Callable, what: str, measure: Callable, usable: Callable = None, fresh=False):
+    """The measurement cached at `path` (`read_cached`) when `usable(it)`, else `measure(what is cached, or None)`,
+    kept there (`keep_cached`). The measuring happens under `measuring(path)`, after reading the cache again: another
+    process may have measured while this one waited. `fresh` measures whatever is cached."""
+
+    def cached():
+        found = None if fresh else read_cached(path, load, what[:1].upper() + what[1:])
+        return found, found is not None and (usable is None or usable(found))
+
+    found, ok = cached()
+    if ok:
+        return found
+    with measuring(path):
+        found, ok = cached()
+        if ok:
+            return found
+        measurement = measure(found)
+        keep_cached(path, measurement, what)
+    return measurement

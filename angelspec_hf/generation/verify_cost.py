@@ -16,14 +16,7 @@ from transformers import DynamicCache
 from transformers.utils.logging import tqdm  # honours transformers.utils.logging.disable_progress_bar()
 
 from ..cache_utils import with_cache
-from .measurements import (
-    cache_path,
-    keep_cached,
-    machine_description,
-    measuring,
-    read_cached,
-    write_json_atomically,
-)
+from .measurements import cache_path, machine_description, read_or_measure, write_json_atomically
 from .timing import device_clock
 
 
@@ -203,12 +196,12 @@ def load_cost_model(target, path: str | None = None, rows: Sequence[int] = (1,))
     path = path or cost_model_path(target)
     if path in _LOADED and set(rows) <= set(_LOADED[path].rows):
         return _LOADED[path]
-    model = read_cached(path, VerifyCostModel.load, "Verify-cost profile")
-    if model is None or not set(rows) <= set(model.rows):
-        with measuring(path):
-            model = read_cached(path, VerifyCostModel.load, "Verify-cost profile")  # profiled while this one waited?
-            if model is None or not set(rows) <= set(model.rows):
-                model = profile_verify_cost(target, rows=sorted(set(rows) | set(model.rows if model else ())))
-                keep_cached(path, model, "verify-cost profile")
+    model = read_or_measure(
+        path,
+        VerifyCostModel.load,
+        "verify-cost profile",
+        lambda cached: profile_verify_cost(target, rows=sorted(set(rows) | set(cached.rows if cached else ()))),
+        usable=lambda model: set(rows) <= set(model.rows),
+    )
     _LOADED[path] = model
     return model
