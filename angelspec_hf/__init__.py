@@ -28,6 +28,7 @@ _EXPORTS = {
     "SuffixDrafterConfig": "models",
     "load_drafter": "hub",
     "load_target": "targets",
+    "shipped_drafter_path": "hub",
     "speculative_generate": "generation",
     "tokenizer_fingerprint": "targets",
     "tune_linear_kernels": "generation",

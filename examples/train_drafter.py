@@ -89,9 +89,12 @@ class DrafterArguments:
     ttt_token_choice: str = field(default="argmax", metadata={"help": "MTP: argmax | sample | ground_truth"})
     depth_loss_weights: list[float] | None = field(default=None, metadata={"help": "MTP: per-depth loss weights"})
     hidden_regression_weight: float = field(default=0.0, metadata={"help": "MTP: EAGLE-1 feature regression weight"})
-    input_layout: str = field(
-        default="projection",
-        metadata={"help": "MTP: projection (eq. 1) | eagle3 (EAGLE-3's midlayer, exports to vLLM/SGLang EAGLE-3)"},
+    input_layout: str | None = field(
+        default=None,
+        metadata={
+            "help": "MTP: projection (eq. 1; a new drafter's default) | eagle3 (EAGLE-3's midlayer, exports to "
+            "vLLM/SGLang EAGLE-3); with init_from, another layout than the card's starts from the tensors they share"
+        },
     )
     native_mtp: bool = field(
         default=False,
@@ -107,7 +110,7 @@ class DrafterArguments:
     anchors_per_row: int = field(default=32, metadata={"help": "DFly: random anchor blocks per packed row"})
 
     def __post_init__(self):
-        if self.drafter_type != "mtp" and (self.native_mtp or self.input_layout != "projection"):
+        if self.drafter_type != "mtp" and (self.native_mtp or self.input_layout is not None):
             raise ValueError("native_mtp and input_layout are MTP options; drafter_type is " + repr(self.drafter_type))
         if self.native_mtp and (self.warm_start or self.init_from):
             raise ValueError("native_mtp is a starting point of its own: drop warm_start / init_from")
@@ -118,8 +121,12 @@ class DrafterArguments:
         """A fresh drafter of `drafter_type` for `target` (warm-started from it when asked), or the one in
         `start_from` or `init_from` (trained in float32 whatever the folder stores)."""
         if start_from or self.init_from:
-            drafter_class = {"mtp": AngelSpecMTPDrafter, "dfly": DFlyDrafter}[self.drafter_type]
-            drafter = drafter_class.from_pretrained(resolve_drafter(start_from or self.init_from), dtype=torch.float32)
+            path = resolve_drafter(start_from or self.init_from)
+            if self.init_from and not start_from and self.drafter_type == "mtp" and self.input_layout is not None:
+                drafter = AngelSpecMTPDrafter.from_other_layout(path, self.input_layout, dtype=torch.float32)
+            else:
+                drafter_class = {"mtp": AngelSpecMTPDrafter, "dfly": DFlyDrafter}[self.drafter_type]
+                drafter = drafter_class.from_pretrained(path, dtype=torch.float32)
             drafter.bind_target(target, tokenizer)
             return drafter
         drafter = self._new(target, tokenizer)
@@ -148,7 +155,7 @@ class DrafterArguments:
                 ttt_token_choice=self.ttt_token_choice,
                 depth_loss_weights=self.depth_loss_weights,
                 hidden_regression_weight=self.hidden_regression_weight,
-                input_layout=self.input_layout,
+                input_layout=self.input_layout or "projection",
                 **common,
             )
         if self.drafter_type == "dfly":

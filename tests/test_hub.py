@@ -88,7 +88,8 @@ def test_text_generation_pipeline_loads_every_shipped_card_by_folder():
 def test_a_gguf_target_is_converted_once_and_loads_as_the_file_does():
     """The embedded GGUF target is converted to a transformers folder in the cache on first load (the run's cache:
     whichever test loads it first converts it) and loaded from it afterwards: same logits, tokenizer, chat template,
-    generation config and context as the GGUF file itself; the commands' context check reads it too."""
+    generation config, context and hidden-state cache key as the GGUF file itself; the commands' context check reads
+    it too."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from angelspec_hf import load_target
@@ -99,6 +100,7 @@ def test_a_gguf_target_is_converted_once_and_loads_as_the_file_does():
         smollm2_directory,
         target_context_length,
     )
+    from angelspec_hf.training.data import target_fingerprint
 
     converted = load_target("smollm2", tune_kernels=False)
     assert os.path.isfile(
@@ -110,6 +112,7 @@ def test_a_gguf_target_is_converted_once_and_loads_as_the_file_does():
     tokenizer = AutoTokenizer.from_pretrained(smollm2_directory(), gguf_file=SMOLLM2_GGUF_FILE)
     ids = torch.tensor([[1, 2, 3, 400, 5000, 49000]])
     assert torch.equal(converted.model(ids).logits, direct(ids).logits)
+    assert target_fingerprint(converted.model) == target_fingerprint(direct)  # one hidden-state cache for both
     assert converted.tokenizer.get_vocab() == tokenizer.get_vocab() == load_target_tokenizer("smollm2").get_vocab()
     assert converted.tokenizer.chat_template == tokenizer.chat_template
     assert converted.model.generation_config.to_dict() == direct.generation_config.to_dict()
@@ -306,6 +309,9 @@ def test_shipped_drafters_are_found_by_name_after_a_normal_install(tmp_path):
         "for name in SHIPPED_DRAFTERS:\n"
         "    drafter = angelspec_hf.load_drafter(name)\n"
         f"    print(name, type(drafter).__name__, drafter.name_or_path.startswith({str(prefix)!r}))\n"
+        "from transformers import AutoModel\n"  # the README's way to a shipped card through the Auto classes
+        "auto = AutoModel.from_pretrained(angelspec_hf.shipped_drafter_path('smollm2-135m-instruct-mtp'))\n"
+        f"assert type(auto).__name__ == 'AngelSpecMTPDrafter' and auto.name_or_path.startswith({str(prefix)!r})\n"
     )
 
     def run_installed(source: str) -> str:

@@ -169,6 +169,35 @@ def test_the_eagle3_layout_reads_embeddings_and_states_in_its_attention():
         AngelSpecMTPDrafter.from_target(target, input_layout="eagle")
 
 
+def test_a_drafter_of_one_layout_starts_a_drafter_of_the_other(tmp_path):
+    """`from_other_layout`: the tensors both layouts hold (taps fusion, norms, MLP, o_proj, draft head and vocabulary)
+    carry over unchanged, W_proj and the input norm are dropped, q/k/v are fresh and 2H wide; the new drafter saves,
+    loads and drafts (greedy output equals the target's); the same layout loads the card as it is."""
+    target = make_target("llama", num_hidden_layers=4)
+    source = AngelSpecMTPDrafter.from_target(target, target_layer_ids=[0, 2, 3], draft_vocab_size=40)
+    with torch.no_grad():
+        for parameter in source.parameters():
+            parameter.add_(torch.randn_like(parameter))  # not the initialisation a fresh drafter would draw
+    source.save_pretrained(tmp_path / "projection")
+    drafter = AngelSpecMTPDrafter.from_other_layout(tmp_path / "projection", "eagle3")
+    assert drafter.config.input_layout == "eagle3" and drafter.fusion is None
+    assert drafter.layer.self_attn.q_proj.in_features == 2 * target.config.hidden_size
+    before, after = source.state_dict(), drafter.state_dict()
+    carried = {name for name in after if name in before and after[name].shape == before[name].shape}
+    assert {"target_fusion.weight", "lm_head.weight", "draft_to_target", "layer.self_attn.o_proj.weight"} <= carried
+    assert all(torch.equal(after[name], before[name]) for name in carried)
+    assert set(after) - carried == {f"layer.self_attn.{name}_proj.weight" for name in "qkv"}
+    drafter.save_pretrained(tmp_path / "eagle3")
+    loaded = AngelSpecMTPDrafter.from_pretrained(tmp_path / "eagle3")
+    prompt = torch.tensor([[5, 6, 7]])
+    expected = target.generate(prompt, max_new_tokens=8, do_sample=False)
+    assert torch.equal(target.generate(prompt, max_new_tokens=8, do_sample=False, assistant_model=loaded), expected)
+    same = AngelSpecMTPDrafter.from_other_layout(tmp_path / "eagle3", "eagle3")
+    assert all(torch.equal(value, same.state_dict()[name]) for name, value in loaded.state_dict().items())
+    back = AngelSpecMTPDrafter.from_other_layout(tmp_path / "eagle3", "projection")
+    assert back.fusion is not None and torch.equal(back.lm_head.weight, loaded.lm_head.weight)
+
+
 def glm_target_with_native_mtp(directory, hidden_states_first=False):
     """A tiny GLM-4.5-Air-shaped target (46 layers, MoE) whose checkpoint carries a native MTP module at layer 46,
     in the layout of the real checkpoints (`enorm`, `hnorm`, `eh_proj`, `shared_head.norm` beside the block)."""

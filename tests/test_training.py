@@ -417,7 +417,7 @@ def test_mtp_starting_points_are_checked_when_the_command_is_parsed(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("responses: r.jsonl.gz\noutput_dir: runs/x\n")
     drafter_args, _, _ = parse_arguments(["--config", str(config), "--native_mtp", "true"])
-    assert drafter_args.native_mtp and drafter_args.input_layout == "projection"
+    assert drafter_args.native_mtp and drafter_args.input_layout is None
     for overrides, message in (
         (["--drafter_type", "dfly", "--native_mtp", "true"], "MTP options"),
         (["--drafter_type", "dfly", "--input_layout", "eagle3"], "MTP options"),
@@ -427,15 +427,20 @@ def test_mtp_starting_points_are_checked_when_the_command_is_parsed(tmp_path):
             parse_arguments(["--config", str(config), *overrides])
 
 
-@pytest.mark.parametrize("kind", ["mtp", "mtp_long_taps", "dfly", "dflash"])
-def test_long_run_configs_parse_with_checkpoints_inside_fifteen_minutes(kind):
+@pytest.mark.parametrize(
+    "name",
+    ["mtp_long", "mtp_long_taps", "dfly_long", "dflash_long", "mtp_taps_cooldown", "dfly_cooldown", "mtp_eagle3"],
+)
+def test_long_run_configs_parse_with_checkpoints_inside_fifteen_minutes(name):
+    from angelspec_hf.hub import resolve_drafter
+
     parse_arguments = example("train_drafter").parse_arguments
-    name = kind if kind.endswith("_long_taps") else f"{kind}_long"
     drafter_args, data_args, training_args = parse_arguments(
         ["--config", os.path.join(REPO, "examples", "configs", f"smollm2_{name}.yaml")]
     )
     # a run that continues a shipped drafter names one that exists
-    assert drafter_args.init_from is None or os.path.isfile(os.path.join(REPO, drafter_args.init_from, "config.json"))
+    start = drafter_args.init_from and os.path.join(REPO, resolve_drafter(drafter_args.init_from))
+    assert start is None or os.path.isfile(os.path.join(start, "config.json"))
     assert data_args.eval_responses and training_args.eval_strategy == "steps"
     # one step takes at most ~8 s on one thread at this max_length: a checkpoint every save_steps stays under 15 min
     assert training_args.save_strategy == "steps" and training_args.save_steps * 8 <= 15 * 60

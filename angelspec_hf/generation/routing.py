@@ -91,7 +91,6 @@ class RoutingPolicy:
         self.router = router
         self.cost_model = cost_model
         count = len(router.members)
-        count = len(self.router.members)
         self.member_seconds: list[float | None] = [None] * count  # t_m of a usual round
         self.member_read_seconds: list[float | None] = [None] * count  # per token read beyond a usual round
         self.member_accepted: list[float | None] = [None] * count  # a_m over requests

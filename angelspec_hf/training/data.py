@@ -123,12 +123,18 @@ def target_fingerprint(target) -> str:
     """sha256 of the target's weights (every state-dict tensor: name, dtype, shape, bytes) and configuration.
 
     This identifies the target's hidden states whatever the path or name it was loaded from; on SmolLM2-135M in
-    float32 (540 MB) it takes about half a second.
+    float32 (540 MB) it takes about half a second. Config keys that only describe where the weights came from are
+    left out: `architectures` and a GGUF file's `quantization_config` (its tensors are de-quantized when loaded), so
+    a GGUF target and its conversion to a transformers folder (`load_target`) share their caches.
     """
     digest = hashlib.sha256()
     config = {
-        k: v for k, v in target.config.to_dict().items() if not k.startswith("_") and k != "transformers_version"
+        key: value
+        for key, value in target.config.to_dict().items()
+        if not key.startswith("_") and key not in ("transformers_version", "architectures")
     }
+    if str((config.get("quantization_config") or {}).get("quant_method", "")).lower().endswith("gguf"):
+        del config["quantization_config"]
     digest.update(json.dumps(config, sort_keys=True, default=str).encode())
     for name, tensor in sorted(target.state_dict().items()):
         digest.update(f"{name} {tensor.dtype} {list(tensor.shape)}".encode())

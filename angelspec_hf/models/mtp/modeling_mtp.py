@@ -19,11 +19,14 @@ from typing import Callable
 import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
-from transformers.utils import ModelOutput
+from transformers.utils import ModelOutput, logging
 
 from ...cache_utils import last_valid, ragged_valid, with_cache
 from ..base import AngelSpecDrafterPreTrainedModel, DraftPredictions, DraftState, family_classes
 from .configuration_mtp import AngelSpecMTPConfig
+
+
+logger = logging.get_logger(__name__)
 
 
 @dataclass
@@ -142,6 +145,33 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
                 "input_layout's reads 2H"
             )
         super().warm_start(target)
+
+    @classmethod
+    def from_other_layout(cls, pretrained_model_name_or_path, input_layout: str, **kwargs) -> "AngelSpecMTPDrafter":
+        """A drafter of `input_layout` started from a trained drafter of another layout (`from_pretrained` with
+        `kwargs`): every tensor the two layouts share by name and shape carries over (the taps' fusion, the norms of
+        h and E(x), the MLP, `o_proj`, the draft head and its vocabulary); eq. 1's W_proj and the layer's input norm
+        are dropped, and q/k/v — H wide in eq. 1, 2H in EAGLE-3's midlayer — start fresh. Training adapts the rest:
+        the two layouts feed the layer different residuals, so the copy is a starting point, not the same drafter."""
+        source = cls.from_pretrained(pretrained_model_name_or_path, **kwargs)
+        if source.config.input_layout == input_layout:
+            return source
+        config = source.config.__class__.from_dict({**source.config.to_dict(), "input_layout": input_layout})
+        drafter = cls(config).to(source.dtype)
+        own = drafter.state_dict()
+        shared = {
+            name: value
+            for name, value in source.state_dict().items()
+            if name in own and own[name].shape == value.shape
+        }
+        drafter.load_state_dict(shared, strict=False)
+        drafter.generation_config = source.generation_config
+        fresh = sorted(set(own) - set(shared))
+        logger.warning(
+            f"Started a {input_layout} drafter from the {source.config.input_layout} drafter "
+            f"{pretrained_model_name_or_path}: {len(shared)} tensors carried over, {len(fresh)} fresh ({', '.join(fresh)})"
+        )
+        return drafter
 
     @classmethod
     def from_native_mtp(cls, target: PreTrainedModel, tokenizer=None, **config_kwargs) -> "AngelSpecMTPDrafter":
