@@ -4,7 +4,7 @@ request is answered with the target's own greedy text (`target.generate()` on th
 per distinct prompt), every bad one gets a 4xx naming the problem, and the server process's memory (RSS) is flat
 from the first hundred answers to the last. Writes a JSON report:
 
-    python examples/serve_soak.py --drafter smollm2-135m-instruct-router --requests 1000 --rate 1.0 \
+    OMP_NUM_THREADS=1 python examples/serve_soak.py --requests 1000 --rate 0.6 \
         --output benchmarks/issue42/soak.json
 """
 

@@ -135,31 +135,38 @@ def test_the_eagle3_export_computes_the_drafters_drafts(tmp_path):
     assert len(tensors) == len(own) + 2  # every drafter tensor once, plus d2t and t2d
 
     prompt = torch.randint(0, 95, (1, 9), generator=torch.Generator().manual_seed(1))
+    assert_the_export_drafts_as_the_drafter(drafter, target, tensors, config, prompt)
+
+
+def assert_the_export_drafts_as_the_drafter(drafter, target, tensors, config, prompt, **tolerance):
+    """A plain-torch EAGLE-3 pass over the exported tensors, prefilled with `prompt`, chains three drafts: the same
+    tokens and logits as `drafter.propose` on the same target states."""
+    depths, length = 3, prompt.shape[1] - 1
     states = target(prompt, output_hidden_states=True).hidden_states
     # The engines capture each aux layer's input: hidden_states[j] for id j, concatenated in id order.
     aux = torch.cat([states[j][0] for j in config["eagle_aux_hidden_state_layer_ids"]], -1)
     fused = aux @ tensors["fc.weight"].T
     embed = target.get_input_embeddings().weight
     keys, values = [], []
-    for position in range(8):  # prefill: state t with token t + 1
+    for position in range(length):  # prefill: state t with token t + 1
         logits, hidden, keys, values = reference_eagle3_step(
             tensors, config, embed[prompt[0, position + 1]], fused[position], keys, values, position + 1
         )
     chain, chain_logits = [], []
-    for depth in range(3):
+    for depth in range(depths):
         token = int(logits.argmax()) + int(tensors["d2t"][logits.argmax()])
         chain.append(token)
         chain_logits.append(logits)
-        if depth < 2:
+        if depth < depths - 1:
             logits, hidden, keys, values = reference_eagle3_step(
-                tensors, config, embed[token], hidden, keys, values, 9 + depth
+                tensors, config, embed[token], hidden, keys, values, length + 1 + depth
             )
     taps = tuple(states[i] for i in drafter.target_hidden_state_indices())
     draft_ids, draft_logits = drafter.propose(
-        drafter.new_draft_state(), tuple(t[:, :8] for t in taps), prompt[:, 1:], 3, choose=lambda l: l.argmax(-1)
+        drafter.new_draft_state(), tuple(t[:, :length] for t in taps), prompt[:, 1:], depths, lambda l: l.argmax(-1)
     )
     assert draft_ids[0].tolist() == chain
-    torch.testing.assert_close(draft_logits[0], torch.stack(chain_logits))
+    torch.testing.assert_close(draft_logits[0], torch.stack(chain_logits), **tolerance)
 
 
 def test_only_an_eagle3_mtp_drafter_of_a_llama_layer_exports(tmp_path):
