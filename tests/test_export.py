@@ -2,6 +2,7 @@
 the drafter's, and the EAGLE-3 export recomputed from its tensors alone."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -11,6 +12,9 @@ from safetensors.torch import load_file
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
 from angelspec_hf.cli import main
 from angelspec_hf.export import export_dflash, export_eagle3
+
+
+EAGLE3_CARD = "smollm2-135m-instruct-mtp-eagle3"  # the MTP trained in EAGLE-3's input layout
 
 
 def dflash_drafter(target, **overrides):
@@ -195,3 +199,26 @@ def test_the_eagle3_export_command(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["export", "--drafter", str(tmp_path / "d"), "--format", "dflash", "--output", str(tmp_path / "x")])
     assert "DFlash configuration" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_shipped_eagle3_mtp_exports_and_its_export_drafts_as_it_does(tmp_path):
+    """The MTP card trained in EAGLE-3's layout, on the real target: `angelspec export --format eagle3` writes it, and
+    a plain-torch EAGLE-3 pass over the exported files alone drafts the card's own three tokens and logits."""
+    from angelspec_hf import load_drafter, load_target
+    from angelspec_hf.prompts import encode_chat
+
+    card = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model_cards", EAGLE3_CARD)
+    target = load_target("smollm2", tune_kernels=False)
+    main(["export", "--drafter", card, "--format", "eagle3", "--output", str(tmp_path / "out")])
+    tensors = load_file(tmp_path / "out" / "model.safetensors")
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27] and config["draft_vocab_size"] == 8192
+    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"]  # what engines on transformers 4 read
+    drafter = load_drafter(card, target.model, target.tokenizer)
+    tensors = {
+        name: value.to(torch.float32) if value.is_floating_point() else value for name, value in tensors.items()
+    }
+    prompt = torch.tensor([encode_chat(target.tokenizer, "Write a haiku about the sea.")])
+    with torch.no_grad():
+        assert_the_export_drafts_as_the_drafter(drafter, target.model, tensors, config, prompt, rtol=1e-4, atol=1e-4)
