@@ -96,8 +96,7 @@ def _converted(directory: str, gguf_file: str) -> str | None:
         return folder
     staging = f"{folder}.tmp-{os.getpid()}"
     try:
-        os.makedirs(os.path.dirname(folder), exist_ok=True)
-        with measuring(folder):
+        with measuring(folder):  # makes the cache folder
             if not _complete(folder):  # not converted while this process waited
                 tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
                 model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32)

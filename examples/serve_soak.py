@@ -21,6 +21,7 @@ import torch
 
 from angelspec_hf import load_drafter, load_target
 from angelspec_hf.benchmark.load_bench import poisson_arrivals, stream_one
+from angelspec_hf.generation.engine import resident_memory_bytes
 from angelspec_hf.prompts import encode_chat, load_prompts
 from angelspec_hf.serving import background_server, build_app
 
@@ -39,8 +40,7 @@ MALFORMED = [
 
 
 def rss_mib() -> float:
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * 4096 / 2**20
+    return resident_memory_bytes(torch.device("cpu")) / 2**20
 
 
 async def plain_one(http, prompt: str, max_tokens: int) -> dict:

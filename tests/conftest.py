@@ -113,6 +113,26 @@ class PackageLog:
         assert not found, found
 
 
+def errors_of_concurrent_calls(function, arguments) -> list[Exception]:
+    """Call `function(argument)` for every argument at once, each in its own thread; the exceptions they raised."""
+    import threading
+
+    errors = []
+
+    def call(argument):
+        try:
+            function(argument)
+        except Exception as error:  # noqa: BLE001  (returned for the test to assert on)
+            errors.append(error)
+
+    threads = [threading.Thread(target=call, args=(argument,)) for argument in arguments]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors
+
+
 @pytest.fixture
 def package_log(caplog):
     return PackageLog(caplog)

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_target
+from conftest import errors_of_concurrent_calls, make_target
 from oracles import OracleMTPDrafter
 from torch import nn
 
@@ -139,7 +139,6 @@ def test_bad_tuning_arguments_are_refused_before_measuring():
 def test_processes_starting_together_measure_once(tmp_path, monkeypatch):
     """Two loads of one target at once (threads here, processes in use: the lock is a file beside the cache entry)
     measure the kernel plan and the verify-cost profile once; the second waits for the first and reads its result."""
-    import threading
     import time
 
     calls = {"plan": 0, "profile": 0}
@@ -157,19 +156,11 @@ def test_processes_starting_together_measure_once(tmp_path, monkeypatch):
     monkeypatch.setattr(verify_cost, "profile_verify_cost", counted("profile", profile))
     monkeypatch.setenv("ANGELSPEC_CACHE", str(tmp_path))
     targets = [make_target("llama", dtype=torch.float32, seed=11) for _ in range(2)]
-    errors = []
 
     def load(target):
-        try:
-            tune_linear_kernels(target, max_rows=2)
-            verify_cost.load_cost_model(target)
-        except Exception as error:  # noqa: BLE001  (reported by the assertion below)
-            errors.append(error)
+        tune_linear_kernels(target, max_rows=2)
+        verify_cost.load_cost_model(target)
 
-    threads = [threading.Thread(target=load, args=(target,)) for target in targets]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    errors = errors_of_concurrent_calls(load, targets)
     assert not errors and calls == {"plan": 1, "profile": 1}
     assert installed_plan(targets[0]).choices == installed_plan(targets[1]).choices

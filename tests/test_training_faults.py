@@ -14,7 +14,7 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from conftest import make_target
+from conftest import errors_of_concurrent_calls, make_target
 from test_training import REPO, make_trainer
 
 from angelspec_hf.training import AngelSpecTrainer, build_training_dataset, precompute_hidden_states
@@ -264,8 +264,6 @@ def test_saves_into_one_folder_take_turns_and_clear_what_killed_saves_left(tmp_p
     """Two threads save different drafters into one folder 15 times each: every save completes, the folder holds one
     whole checkpoint, no staging or swapped-out folder is left. Folders a killed save left (`.<name>.saving-*`
     beside it, `.<name>.old-*` inside it) are removed by the next save."""
-    import threading
-
     from transformers import AutoModel
 
     from angelspec_hf import SuffixDrafter
@@ -273,21 +271,12 @@ def test_saves_into_one_folder_take_turns_and_clear_what_killed_saves_left(tmp_p
     target = make_target("llama", num_hidden_layers=2)
     drafters = [SuffixDrafter.from_target(target, num_draft_tokens=k) for k in (3, 5)]
     folder = tmp_path / "out"
-    errors = []
 
     def save_many(drafter):
-        try:
-            for _ in range(15):
-                drafter.save_pretrained(folder)
-        except Exception as error:  # noqa: BLE001
-            errors.append(error)
+        for _ in range(15):
+            drafter.save_pretrained(folder)
 
-    threads = [threading.Thread(target=save_many, args=(drafter,)) for drafter in drafters]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
+    assert errors_of_concurrent_calls(save_many, drafters) == []
     assert AutoModel.from_pretrained(folder).config.num_draft_tokens in (3, 5)
     assert os.listdir(tmp_path) == ["out"]
     assert not [entry for entry in os.listdir(folder) if ".old-" in entry]
