@@ -166,6 +166,31 @@ def test_save_and_load_keep_the_shared_index_and_generation_config(tmp_path):
     assert loaded.shared_index.tokens[-11:] == [-1] + list(range(10))
 
 
+def test_forgetting_served_requests_returns_to_the_index_as_saved_without_rebuilding_its_suffix_array(tmp_path):
+    target = make_target("llama", num_hidden_layers=2)
+    drafter = SuffixDrafter.from_target(target, shared_index_max_tokens=4000)
+    saved = [torch.randint(0, 90, (300,), generator=torch.Generator().manual_seed(seed)).tolist() for seed in range(5)]
+    drafter.index_outputs(saved)
+    drafter.save_pretrained(tmp_path)
+    loaded = AutoModel.from_pretrained(tmp_path)
+    array = loaded.shared_index.array
+    assert len(array) == 5 * 301 - 1, "the saved outputs are in the suffix array"
+    loaded.record_output(list(range(40)))
+    assert loaded.shared_index.tokens[-41:] == [-1] + list(range(40))
+    loaded.forget_served_requests()
+    assert loaded.shared_index.array is array and loaded.shared_index.tokens == join(saved)
+    loaded.record_output(list(range(50, 90)))  # the copy grows apart from the index as saved
+    loaded.forget_served_requests()
+    assert loaded.shared_index.tokens == join(saved)
+    loaded.index_outputs([list(range(10, 30))])
+    loaded.prepare_for_saving()  # a new buffer: the index as saved is built again, from it
+    loaded.forget_served_requests()
+    assert loaded.shared_index.array is not array and loaded.shared_index.tokens == join(saved + [list(range(10, 30))])
+    loaded.shared_tokens.fill_(-1)  # a buffer changed in place is read again
+    loaded.forget_served_requests()
+    assert len(loaded.shared_index) == 0
+
+
 def test_any_target_of_its_vocabulary_serves_and_there_are_no_weights_to_train():
     """(Refusals of another vocabulary or tokenizer are the common drafter tests', test_drafters_common.py.)"""
     drafter = SuffixDrafter.from_target(make_target("llama", num_hidden_layers=2))

@@ -37,7 +37,7 @@ from transformers.utils import logging
 
 from ..cache_utils import RaggedCache, pad_pending, sliding_windows, with_cache
 from ..metrics import SpeculationStats, round_profile
-from .draft_round import DraftRound
+from .draft_round import DraftRound, draw
 from .policies import RowState, VerifyPolicy
 from .session import DecodingSession
 from .timing import device_clock
@@ -583,8 +583,8 @@ class SpeculativeEngine:
                 residual = (p[k] - q[k]).clamp_min(0)
                 total = residual.sum()
                 residual = residual / total if total > 0 else p[k]
-                return k, int(torch.multinomial(residual, 1, generator=row.generator)[0])
-        return len(drafts), int(torch.multinomial(p[len(drafts)], 1, generator=row.generator)[0])
+                return k, draw(residual, row.generator)
+        return len(drafts), draw(p[len(drafts)], row.generator)
 
     def _accept_seeded(self, row: _Row, logits: torch.Tensor, drafts: torch.Tensor) -> tuple[int, int]:
         """A reproducible request's drafts against its own samples: the token at each position is
@@ -609,7 +609,7 @@ class SpeculativeEngine:
         if row.request.reproducible:
             position = len(row.output.output_ids)
             return torch.tensor([seeded_sample(p[0], row.request.seed, position)], device=self.device)
-        return torch.multinomial(p, 1, generator=row.generator)[:, 0]
+        return torch.tensor([draw(row_p, row.generator) for row_p in p], device=self.device)
 
     # -- bookkeeping --------------------------------------------------------------------------------------------------
 

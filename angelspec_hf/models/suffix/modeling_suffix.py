@@ -18,6 +18,7 @@ calibrates like any drafter's; a sampled row draws from q and rejection sampling
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -256,6 +257,14 @@ class SharedIndex:
     def match(self, suffix: Sequence[int]) -> Match:
         return longest_match((self.array.match(suffix), self.recent.match(suffix)))
 
+    def copy(self) -> "SharedIndex":
+        """An index of the same outputs that grows apart from this one; the suffix array, never modified, is
+        shared."""
+        other = copy.copy(self)
+        other.sequences = deque(self.sequences)
+        other.recent = copy.deepcopy(self.recent)
+        return other
+
 
 def join(sequences: Sequence[Sequence[int]]) -> list[int]:
     """Sequences as one text, SEPARATOR between two."""
@@ -341,6 +350,7 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
             "shared_tokens", torch.full((config.shared_index_num_tokens,), SEPARATOR, dtype=torch.long)
         )
         self._shared: SharedIndex | None = None  # built from `shared_tokens` on first use
+        self._as_saved: tuple[torch.Tensor, int | None, SharedIndex] | None = None  # `_saved_index`
         self.post_init()
 
     # -- what the drafter contract asks of a drafter without weights ------------------------------------------------
@@ -421,11 +431,21 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
     def shared_index(self) -> SharedIndex:
         """The target's earlier outputs: those saved (`shared_tokens`), then those recorded since."""
         if self._shared is None:
-            self._shared = self.new_shared_index()
-            tokens = self.shared_tokens.tolist()
-            bounds = [-1] + [i for i, token in enumerate(tokens) if token == SEPARATOR] + [len(tokens)]
-            self._shared.add_sequences([tokens[start + 1 : end] for start, end in zip(bounds, bounds[1:])])
+            self._shared = self._saved_index().copy()
         return self._shared
+
+    def _saved_index(self) -> SharedIndex:
+        """The index of `shared_tokens` as they are, built once per version of the buffer (a suffix array over
+        300k tokens takes about half a second): forgetting the requests served keeps it."""
+        tokens = self.shared_tokens
+        version = tokens._version if not tokens.is_inference() else None  # inference tensors keep no version
+        if self._as_saved is None or self._as_saved[0] is not tokens or self._as_saved[1] != version:
+            index = self.new_shared_index()
+            ids = tokens.tolist()
+            bounds = [-1] + [i for i, token in enumerate(ids) if token == SEPARATOR] + [len(ids)]
+            index.add_sequences([ids[start + 1 : end] for start, end in zip(bounds, bounds[1:])])
+            self._as_saved = (tokens, version, index)
+        return self._as_saved[2]
 
     def record_output(self, output_ids: list[int]) -> None:
         """Keep a finished output in the shared index (bounded by `shared_index_max_tokens`, the oldest leaving
