@@ -293,3 +293,45 @@ def test_a_noisy_non_monotone_profile_is_fitted_to_never_decrease(monkeypatch):
         assert all(a <= b for a, b in zip(line, line[1:])), line
     assert all(a <= b for a, b in zip(*model.seconds))
     assert model.problem() is None
+
+
+def test_the_cost_in_use_follows_the_verify_forwards_a_run_times_and_never_falls_with_the_width():
+    from angelspec_hf.generation.verify_cost import CorrectedCost
+
+    profile = VerifyCostModel(rows=[1, 4], tokens=[1, 4, 16], seconds=[[1.0, 1.3, 2.5], [2.0, 3.0, 8.0]], context=64)
+    cost = CorrectedCost(profile)
+    assert [cost(4, w) for w in (1, 6, 16)] == [profile(4, w) for w in (1, 6, 16)]  # nothing measured: the profile
+    cost.observe(4, 6, 2 * profile(4, 6))
+    assert cost(4, 6) == pytest.approx(2 * profile(4, 6))
+    assert cost(4, 9) == pytest.approx(2 * profile(4, 9)) and cost(8, 6) == pytest.approx(2 * profile(8, 6))
+    cost.observe(4, 1, profile(4, 1))  # width 1 as profiled: the widths nearer 1 read its ratio
+    assert cost(4, 1) == pytest.approx(profile(4, 1)) and cost(4, 3) == pytest.approx(profile(4, 3))
+    widths = [cost(4, w) for w in range(1, 17)]
+    assert widths == sorted(widths) and cost(4, 7) >= cost(4, 6)
+    cost.observe(4, 6, 1.5 * profile(4, 6))  # a running average: one forward moves it by a tenth
+    assert cost.ratio(4, 6) == pytest.approx(0.9 * 2 + 0.1 * 1.5)
+    cost.observe(4, 1, 100 * profile(4, 1))  # a stall moves it at most to the bound
+    assert cost.ratio(4, 1) == pytest.approx(0.9 * 1 + 0.1 * 2)
+    for bad in (float("nan"), 0.0, -1.0):
+        cost.observe(4, 1, bad)
+    assert cost.ratio(4, 1) == pytest.approx(1.1)
+
+
+def test_dcut_verifies_less_once_the_run_finds_wide_forwards_slower_than_profiled():
+    """The profile says a wide verify costs little more than a narrow one; the run's forwards say it costs double:
+    the session's cost model learns it and the cut verifies fewer of the same doubtful drafts."""
+    from angelspec_hf.generation.session import DecodingSession
+
+    target = make_target("llama", num_hidden_layers=2)
+    drafter = AngelSpecMTPDrafter.from_target(target, num_depths=4)
+    profile = VerifyCostModel(rows=[1], tokens=[1, 2, 8], seconds=[[1.0, 1.05, 1.4]], context=0)
+    session = DecodingSession(target, drafter, "dcut", cost_model=profile)
+    confidences = [prefix_confidence(torch.full((4,), 0.7))]
+    session.policy.draft_count([session.new_row()], budget=100, backlog=1)
+    before = dcut_depths(confidences, session.policy.verify_seconds)
+    for width in range(1, 6):
+        for _ in range(20):
+            session.observe_forward(1, width, profile(1, width) * (1 + 0.25 * (width - 1)))
+    session.policy.draft_count([session.new_row()], budget=100, backlog=1)
+    after = dcut_depths(confidences, session.policy.verify_seconds)
+    assert before == [4] and after == [2]

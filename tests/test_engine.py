@@ -394,7 +394,7 @@ def test_engine_with_a_corrupt_cost_profile_reprofiles_over_its_batch_sizes_with
     verify_cost._LOADED.clear()
     with package_log.warns("unreadable"):
         engine = SpeculativeEngine(target, make_drafter("mtp", target, oracle=False), max_batch_size=6)
-    assert engine.session.policy.cost_model.rows == [1, 2, 4, 6]
+    assert engine.session.policy.cost_model.profile.rows == [1, 2, 4, 6]
     assert verify_cost.VerifyCostModel.load(path).rows == [1, 2, 4, 6]
 
 

@@ -94,6 +94,7 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         if self.round_started is not None:
             draft = self.drafting.seconds if self.drafting is not None else 0.0
             self.session.stats.record_round_time(forward, draft, now - self.round_started)
+            self.session.observe_forward(1, 1 + self.num_drafted, forward)
         self.round_started = now
 
     def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, **kwargs):

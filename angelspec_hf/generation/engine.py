@@ -523,6 +523,8 @@ class SpeculativeEngine:
             output_hidden_states=self.hidden_indices or False,  # only the tapped layers are kept
         )
         forward = device_clock(self.device) - forward_start
+        if self.session is not None:
+            self.session.observe_forward(len(self.rows), width, forward)
         keep = torch.zeros(len(self.rows), width, dtype=torch.bool, device=self.device)
         observed, accepted_counts = (
             list(depths),

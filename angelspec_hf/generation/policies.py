@@ -26,7 +26,7 @@ import torch
 from .dcut import ConfidenceCalibrator, dcut_depths
 from .draft_round import DraftRound
 from .schedules import CONSTANT, DCUT, HEURISTIC, parse_label
-from .verify_cost import VerifyCostModel, load_cost_model
+from .verify_cost import CorrectedCost, VerifyCostModel, load_cost_model
 
 
 EXPLORATION_SHARE = 0.02  # most of a run's expected decoding time D-cut spends on drafting it does not expect to pay
@@ -195,6 +195,8 @@ class DCut(VerifyPolicy):
     def start(self, target, drafter, memory, max_rows=1, promise_counts_catch_up=False):
         if self.cost_model is None:
             self.cost_model = load_cost_model(target, rows=profiled_rows(max_rows))
+        if not isinstance(self.cost_model, CorrectedCost):  # priced as this run's forwards turn out
+            self.cost_model = CorrectedCost(self.cost_model)
         self.drafter_prices_catch_up = promise_counts_catch_up
         if memory.estimates is None:
             memory.estimates = DrafterEstimates(read_ratio=parameter_ratio(drafter, target))

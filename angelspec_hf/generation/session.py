@@ -18,7 +18,7 @@ from typing import Sequence
 from ..metrics import SpeculationStats
 from .policies import DrafterEstimates, RowState, VerifyPolicy, draft_round, profiled_rows, resolve_policy
 from .routing import RoutingPolicy
-from .verify_cost import load_cost_model
+from .verify_cost import CorrectedCost, load_cost_model
 
 
 @dataclass
@@ -69,14 +69,12 @@ class DecodingSession:
         self.memory = memory = memory_of(drafter)
         self.policy.start(target, drafter, memory, max_rows=max_rows, promise_counts_catch_up=drafter.routes_members)
         self.routing = None
-        if drafter.routes_members:  # priced by the verify policy's profile, else the one it had, else this machine's
+        self.cost = self.policy.cost_model  # D-cut's, corrected by this run's verify forwards (`observe_forward`)
+        if drafter.routes_members:  # priced by the verify policy's profile, else this machine's
             self.routing = routing_of(drafter)
-            self.routing.cost_model = (
-                self.policy.cost_model
-                or cost_model
-                or self.routing.cost_model
-                or load_cost_model(target, rows=profiled_rows(max_rows))
-            )
+            if self.cost is None:
+                self.cost = CorrectedCost(cost_model or load_cost_model(target, rows=profiled_rows(max_rows)))
+            self.routing.cost_model = self.cost
         self.stats = memory.stats = SpeculationStats()
 
     def report(self, stats: SpeculationStats) -> None:
@@ -103,6 +101,11 @@ class DecodingSession:
 
     def depths(self, drafting, caps: list[int], rows: Sequence[RowState]) -> list[int]:
         return self.policy.depths(drafting, caps, rows, drafting.seconds)
+
+    def observe_forward(self, rows: int, width: int, seconds: float) -> None:
+        """A verify forward of `rows` rows, `width` tokens each, took `seconds`: the cost model learns it."""
+        if self.cost is not None:
+            self.cost.observe(rows, width, seconds)
 
     def observe(self, state, drafting, depths: list[int], accepted: list[int], rows: Sequence[RowState]) -> None:
         """After verification: row r verified `depths[r]` drafts and accepted `accepted[r]` of them."""
