@@ -170,6 +170,23 @@ def test_dcut_drafts_when_its_estimates_say_drafting_pays_and_the_catch_up_is_re
     assert policy.saved_fraction(0.05) < 0 and policy.draft_count(row, budget=100, backlog=4) == 0
 
 
+def test_dcut_keeps_what_drafting_saved_per_batch_size():
+    """A drafter that saves 30 % of a round alone does not draft at once in a batch of 16, where verifying its
+    drafts costs far more: that batch size's first rounds read the mean confidences, not the lone rows' ĝ."""
+    from angelspec_hf.generation.policies import DCut, DrafterEstimates
+
+    profile = VerifyCostModel(rows=[1, 16], tokens=[1, 2, 4], seconds=[[1.0, 1.05, 1.1], [2.0, 3.5, 5.0]], context=0)
+    policy = DCut(3, cost_model=profile)
+    policy.estimates = DrafterEstimates(
+        read_ratio=0.0, depth_confidence=torch.tensor([0.4, 0.2, 0.1]), drafting_gain={1: 0.3}
+    )
+    policy.first_draft_seconds = 0.01
+    assert policy.draft_count([policy.new_row()], budget=100, backlog=4) == 3
+    assert policy.saved_fraction(0.01) == 0.3
+    assert policy.draft_count([policy.new_row() for _ in range(16)], budget=100, backlog=4) == 0
+    assert policy.saved_fraction(0.01) < 0 and policy.estimates.drafting_gain == {1: 0.3}
+
+
 def test_dcut_prices_drafting_by_what_its_cuts_promised_not_by_the_mean_confidence():
     """A drafter sure on one round in three and lost on the others (suffix matches): the mean confidence per depth
     does not pay for a wider verify, but each round's cut verifies only the sure rounds, so ĝ, the average saving
@@ -195,9 +212,9 @@ def test_dcut_prices_drafting_by_what_its_cuts_promised_not_by_the_mean_confiden
 
     mostly_lost = run(sure_every=3)
     assert mostly_lost.estimates.depth_confidence[0] < 0.5  # 1 + ĉ_1 < t_v(2) / t_v(1): the mean would not pay
-    assert mostly_lost.estimates.drafting_gain > 0.1 and mostly_lost.drafting_pays(budget=100, backlog=4)
+    assert mostly_lost.estimates.drafting_gain[1] > 0.1 and mostly_lost.drafting_pays(budget=100, backlog=4)
     always_lost = run(sure_every=10**6)
-    assert always_lost.estimates.drafting_gain < 0 and not always_lost.drafting_pays(budget=100, backlog=4)
+    assert always_lost.estimates.drafting_gain[1] < 0 and not always_lost.drafting_pays(budget=100, backlog=4)
 
 
 def test_dcut_explores_an_unknown_drafter_early_and_reprobes_within_its_share():

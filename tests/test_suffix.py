@@ -110,7 +110,7 @@ def test_a_match_drafts_a_round_under_dcut_whatever_the_average_saving_of_its_ro
     expected = target.generate(prompt, max_new_tokens=24, do_sample=False)
     cost = VerifyCostModel(rows=[1], tokens=[1, 8], seconds=[[1.0, 1.2]], context=0)
     monkeypatch.setattr(policies, "load_cost_model", lambda target, rows=(1,): cost)
-    memory_of(drafter).estimates = DrafterEstimates(read_ratio=0.0, drafting_gain=-0.5)  # rounds so far lost time
+    memory_of(drafter).estimates = DrafterEstimates(read_ratio=0.0, drafting_gain={1: -0.5})  # rounds so far lost time
     output = target.generate(prompt, max_new_tokens=24, do_sample=False, assistant_model=drafter)
     assert torch.equal(output, expected)
     assert drafter.speculation_stats.summary()["tau"] > 2.0

@@ -129,12 +129,15 @@ class DrafterEstimates:
     """What D-cut learns about a drafter on this machine, kept across decoding runs (`session.DrafterMemory`) so
     that each run starts from it: the confidence calibrator, the mean calibrated confidence of each draft position
     (ĉ_k; None until the drafter has drafted), `read_ratio`, the time the drafter takes to read verified tokens
-    over the time the target takes to verify as many (both for the same rows), and `drafting_gain` ĝ."""
+    over the time the target takes to verify as many (both for the same rows), and `drafting_gain` ĝ per batch size:
+    what drafting saves depends on what verifying costs, which grows with the rows (a drafter that pays alone may
+    lose in a batch of 16), so a batch size's first rounds read the mean confidences, not another size's ĝ."""
 
     read_ratio: float
     calibrator: ConfidenceCalibrator = field(default_factory=ConfidenceCalibrator)
     depth_confidence: torch.Tensor | None = None
-    drafting_gain: float | None = None  # ĝ: the saved fraction that drafting rounds' chosen cuts promised, averaged
+    # ĝ by batch size: the saved fraction that drafting rounds' chosen cuts promised, averaged
+    drafting_gain: dict[int, float] = field(default_factory=dict)
 
 
 def parameter_ratio(drafter, target) -> float:
@@ -257,9 +260,9 @@ class DCut(VerifyPolicy):
 
     def saved_fraction(self, first_step: float) -> float | None:
         """The fraction of a round's time drafting is expected to save (negative: it costs): ĝ once drafting rounds
-        have measured it, else g = 1 − r_0 / max_m r_m from the mean confidences; None before the drafter drafted."""
-        if self.estimates.drafting_gain is not None:
-            return self.estimates.drafting_gain
+        of this batch size have measured it, else g = 1 − r_0 / max_m r_m from the mean confidences; None before the drafter drafted."""
+        if self.rows in self.estimates.drafting_gain:
+            return self.estimates.drafting_gain[self.rows]
         if self.depth_confidence is None:
             return None
         expected = 1 + self.depth_confidence.cumsum(0)
@@ -297,8 +300,8 @@ class DCut(VerifyPolicy):
         expected = rows + sum(float(c[:depth].sum()) for c, depth in zip(confidences, depths))
         rate = expected / (draft_seconds + self.widths[max(depths, default=0)])
         gain = 1 - (rows / self.widths[0]) / rate
-        previous = self.estimates.drafting_gain
-        self.estimates.drafting_gain = gain if previous is None else 0.8 * previous + 0.2 * gain
+        previous = self.estimates.drafting_gain.get(rows)
+        self.estimates.drafting_gain[rows] = gain if previous is None else 0.8 * previous + 0.2 * gain
 
     def _record_drafting(self, calibrated: torch.Tensor, drafting: DraftRound) -> None:
         """Exponential averages of the per-position mean calibrated confidence, of the first drafting step's time and
