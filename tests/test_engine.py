@@ -187,6 +187,28 @@ def test_dcut_keeps_what_drafting_saved_per_batch_size():
     assert policy.saved_fraction(0.01) < 0 and policy.estimates.drafting_gain == {1: 0.3}
 
 
+def test_a_promised_round_drafts_in_a_batch_only_while_that_batch_size_s_drafting_rounds_pay():
+    """A drafter that reads for free promises a round whenever a row has a match; alone the promise stands, in a
+    batch of 4 it stands while the rounds drafted at that size have not lost time on average (ĝ ≥ 0)."""
+    from angelspec_hf.generation.dcut import FREE_ROUND_GAIN
+    from angelspec_hf.generation.policies import DCut, DrafterEstimates
+
+    profile = VerifyCostModel(rows=[1, 4], tokens=[1, 2, 4], seconds=[[1.0, 1.05, 1.1], [2.0, 2.5, 3.0]], context=0)
+
+    def drafts(rows, gains):
+        policy = DCut(3, cost_model=profile)
+        policy.estimates = DrafterEstimates(
+            read_ratio=0.0, depth_confidence=torch.tensor([0.5, 0.3, 0.2]), drafting_gain=gains
+        )
+        policy.first_draft_seconds = 0.01
+        batch = [policy.new_row() for _ in range(rows)]
+        return policy.draft_count(batch, budget=100, backlog=4, promised_gain=FREE_ROUND_GAIN)
+
+    assert drafts(1, {1: -0.05}) == 3
+    assert drafts(4, {4: -0.05}) == 0
+    assert drafts(4, {4: 0.02}) == 3 and drafts(4, {1: -0.05}) == 3
+
+
 def test_dcut_prices_drafting_by_what_its_cuts_promised_not_by_the_mean_confidence():
     """A drafter sure on one round in three and lost on the others (suffix matches): the mean confidence per depth
     does not pay for a wider verify, but each round's cut verifies only the sure rounds, so ĝ, the average saving
