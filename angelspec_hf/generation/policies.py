@@ -198,8 +198,7 @@ class DCut(VerifyPolicy):
     def start(self, target, drafter, memory, max_rows=1, promise_counts_catch_up=False):
         if self.cost_model is None:
             self.cost_model = load_cost_model(target, rows=profiled_rows(max_rows))
-        if not isinstance(self.cost_model, CorrectedCost):  # priced as this run's forwards turn out
-            self.cost_model = CorrectedCost(self.cost_model)
+        self.cost_model = CorrectedCost.of(self.cost_model)  # priced as this run's forwards turn out
         self.drafter_prices_catch_up = promise_counts_catch_up
         if memory.estimates is None:
             memory.estimates = DrafterEstimates(read_ratio=parameter_ratio(drafter, target))
@@ -268,7 +267,8 @@ class DCut(VerifyPolicy):
 
     def saved_fraction(self, first_step: float) -> float | None:
         """The fraction of a round's time drafting is expected to save (negative: it costs): ĝ once drafting rounds
-        of this batch size have measured it, else g = 1 − r_0 / max_m r_m from the mean confidences; None before the drafter drafted."""
+        of this batch size have measured it, else g = 1 − r_0 / max_m r_m from the mean confidences; None before the
+        drafter drafted."""
         if self.rows in self.estimates.drafting_gain:
             return self.estimates.drafting_gain[self.rows]
         if self.depth_confidence is None:

@@ -70,10 +70,10 @@ class DecodingSession:
         self.policy.start(target, drafter, memory, max_rows=max_rows, promise_counts_catch_up=drafter.routes_members)
         self.routing = None
         self.cost = self.policy.cost_model  # D-cut's, corrected by this run's verify forwards (`observe_forward`)
-        if drafter.routes_members:  # priced by the verify policy's profile, else this machine's
+        if drafter.routes_members:  # priced by the verify policy's cost, else by this machine's profile, corrected
             self.routing = routing_of(drafter)
             if self.cost is None:
-                self.cost = CorrectedCost(cost_model or load_cost_model(target, rows=profiled_rows(max_rows)))
+                self.cost = CorrectedCost.of(cost_model or load_cost_model(target, rows=profiled_rows(max_rows)))
             self.routing.cost_model = self.cost
         self.stats = memory.stats = SpeculationStats()
 

@@ -96,6 +96,11 @@ class CorrectedCost:
         self.profile, self.weight, self.bounds = profile, weight, bounds
         self.ratios: dict[int, dict[int, float]] = {}  # rows -> width -> ratio
 
+    @classmethod
+    def of(cls, cost: "VerifyCostModel | CorrectedCost") -> "CorrectedCost":
+        """`cost` as a run plans with it: a profile corrected from here on, a corrected cost as it is."""
+        return cost if isinstance(cost, cls) else cls(cost)
+
     def __call__(self, rows: int, width: int) -> float:
         measured = self.ratios.get(rows, {})
         seconds = self.profile(rows, width) * self.ratio(rows, width)
