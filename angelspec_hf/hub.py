@@ -4,9 +4,11 @@ the target's tokenizer when bound, card), and loading a drafter by folder, shipp
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import shutil
+import sys
 import tempfile
 
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
@@ -160,6 +162,57 @@ def resolve_drafter(name_or_path: str) -> str:
     if parent and os.path.basename(parent) != "model_cards":
         return path
     return shipped_drafter_path(name) or path
+
+
+def shipped_card_folder(path_or_repo_id) -> str | None:
+    """The shipped card a name stands for (`resolve_drafter`), where `path_or_repo_id` is neither a folder nor anything
+    but a shipped card's name or a clone's path to one; None otherwise (folders, Hub ids, other names)."""
+    path = str(path_or_repo_id)
+    folder = resolve_drafter(path)
+    return folder if folder != path else None
+
+
+def _list_templates(list_repo_templates):
+    @functools.wraps(list_repo_templates)
+    def list_shipped_or_repo_templates(repo_id, *args, **kwargs):
+        folder = shipped_card_folder(repo_id)
+        if folder is None:
+            return list_repo_templates(repo_id, *args, **kwargs)
+        templates = os.path.join(folder, "additional_chat_templates")  # transformers' CHAT_TEMPLATE_DIR
+        return (
+            sorted(name for name in os.listdir(templates) if name.endswith(".jinja"))
+            if os.path.isdir(templates)
+            else []
+        )
+
+    return list_shipped_or_repo_templates
+
+
+def _cached_files(cached_files):
+    @functools.wraps(cached_files)
+    def cached_shipped_or_repo_files(path_or_repo_id, *args, **kwargs):
+        return cached_files(shipped_card_folder(path_or_repo_id) or path_or_repo_id, *args, **kwargs)
+
+    return cached_shipped_or_repo_files
+
+
+def resolve_shipped_names(hub_module) -> None:
+    """Make a shipped card's name (`"smollm2-135m-instruct-mtp"`) work wherever transformers takes a name or path:
+    `AutoConfig` / `AutoModel` / `AutoTokenizer.from_pretrained`, `pipeline(assistant_model=...)`, a LoRA adapter's
+    base. transformers has no hook for names of local models, and every one of those reads its files through
+    `transformers.utils.hub`'s `cached_files` (configs, weights, tokenizer and generation files) and, for a name that
+    is not a folder, asks the Hub for its chat templates (`list_repo_templates`): both are wrapped so that a shipped
+    name reads the shipped folder and everything else goes on as before. Every module that already holds the
+    originals by name gets the wrapped ones (idempotent)."""
+    for name, wrap in (("cached_files", _cached_files), ("list_repo_templates", _list_templates)):
+        original = getattr(hub_module, name)
+        if getattr(original, "_resolves_shipped_names", False):
+            continue
+        wrapped = wrap(original)
+        wrapped._resolves_shipped_names = True
+        for module in list(sys.modules.values()):
+            if getattr(module, "__name__", "").startswith("transformers") and getattr(module, name, None) is original:
+                setattr(module, name, wrapped)
 
 
 def is_hub_id(path: str) -> bool:

@@ -8,7 +8,9 @@ right away if transformers' Auto classes are loaded, else as soon as `configurat
 hook). A lookup happens when a checkpoint is loaded (`AutoConfig` / `AutoModel.from_pretrained`, `pipeline`), never
 while modules import, so `import angelspec_hf` and `AutoModel.from_pretrained(drafter_folder)` work in either order.
 Importing the drafter classes themselves (`angelspec_hf.models`) registers them, with transformers' public `register`
-calls; this module only decides when that import happens, so it never imports the classes at its own import.
+calls; this module only decides when that import happens, so it never imports the classes at its own import. The
+same kind of hook lets transformers' file lookups take a shipped card's name (`hub.resolve_shipped_names`) from when
+`transformers.utils.hub` loads.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 
 
 CONFIG_AUTO = "transformers.models.auto.configuration_auto"
+TRANSFORMERS_HUB = "transformers.utils.hub"
 _registered = False
 
 
@@ -73,12 +76,15 @@ def _register_before_lookup(configuration_auto) -> None:
         mapping._extra_content = _RegisterBeforeLookup(mapping._extra_content)
 
 
-class _HookConfigurationAuto(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for `configuration_auto` it returns the module's own spec, with a loader that, once the
-    module has run, arms its mapping (`_RegisterBeforeLookup`) and removes this hook."""
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: for the module `name` it returns the module's own spec, with a loader that, once the
+    module has run, removes this hook and calls `then(module)`."""
+
+    def __init__(self, name: str, then) -> None:
+        self.name, self.then = name, then
 
     def find_spec(self, name, path=None, target=None):
-        if name != CONFIG_AUTO:
+        if name != self.name:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
@@ -88,15 +94,28 @@ class _HookConfigurationAuto(importlib.abc.MetaPathFinder):
         def exec_module(module):
             run_module(module)
             sys.meta_path[:] = [finder for finder in sys.meta_path if finder is not self]
-            _register_before_lookup(module)
+            self.then(module)
 
         spec.loader.exec_module = exec_module
         return spec
 
 
+def _when_imported(name: str, then) -> None:
+    """`then(module)` now if the module `name` is loaded, else right after it loads."""
+    if name in sys.modules:
+        then(sys.modules[name])
+    elif not any(isinstance(finder, _AfterImport) and finder.name == name for finder in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(name, then))
+
+
+def _resolve_shipped_names(hub_module) -> None:
+    from .hub import resolve_shipped_names  # huggingface_hub is loaded by then: transformers' hub module imports it
+
+    resolve_shipped_names(hub_module)
+
+
 def register_on_first_lookup() -> None:
-    """Arm `AutoConfig`'s mapping now if transformers' Auto classes are loaded, else when they load."""
-    if CONFIG_AUTO in sys.modules:
-        _register_before_lookup(sys.modules[CONFIG_AUTO])
-    elif not any(isinstance(finder, _HookConfigurationAuto) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _HookConfigurationAuto())
+    """Arm `AutoConfig`'s mapping now if transformers' Auto classes are loaded, else when they load; and let
+    transformers' file lookups find the shipped cards by name (`hub.resolve_shipped_names`) from when they load."""
+    _when_imported(CONFIG_AUTO, _register_before_lookup)
+    _when_imported(TRANSFORMERS_HUB, _resolve_shipped_names)

@@ -310,6 +310,7 @@ def main(argv: list[str]) -> None:
         eval_dataset=eval_dataset,
         data_collator=PackedCollator(select=select if data_args.hidden_states == "offline" else None),
         callbacks=callbacks,
+        processing_class=target.tokenizer,  # saved in every checkpoint: a snapshot of one is a whole card
         target=target.model,
     )
     print(f"world size {trainer.accelerator.num_processes}, {len(dataset)} packed rows", flush=True)

@@ -63,9 +63,9 @@ def test_text_generation_pipeline_loads_a_drafter_by_path(text_target, smollm2_t
 
 
 @pytest.mark.slow
-def test_text_generation_pipeline_loads_every_shipped_card_by_folder():
-    """`pipeline(..., assistant_model="<shipped card folder>")` on the real target: each card carries the target's
-    tokenizer (which the pipeline loads beside the model, then drops: the vocabularies are one) and its
+def test_text_generation_pipeline_loads_every_shipped_card_by_name_and_by_folder():
+    """`pipeline(..., assistant_model="<shipped card name>")` (or its folder) on the real target: each card carries the
+    target's tokenizer (which the pipeline loads beside the model, then drops: the vocabularies are one) and its
     `architectures`, and the output is the target's."""
     from angelspec_hf import load_target
     from angelspec_hf.hub import shipped_drafter_path
@@ -73,15 +73,12 @@ def test_text_generation_pipeline_loads_every_shipped_card_by_folder():
     target = load_target("smollm2")
     options = dict(max_new_tokens=8, do_sample=False, return_full_text=False)
     plain = pipeline("text-generation", model=target.model, tokenizer=target.tokenizer)(PROMPTS[:1], **options)
-    for name in SHIPPED_DRAFTERS:
+    for assistant in (*SHIPPED_DRAFTERS, shipped_drafter_path(SHIPPED_DRAFTERS[0])):
         assisted = pipeline(
-            "text-generation",
-            model=target.model,
-            tokenizer=target.tokenizer,
-            assistant_model=shipped_drafter_path(name),
+            "text-generation", model=target.model, tokenizer=target.tokenizer, assistant_model=assistant
         )
-        assert assisted.assistant_tokenizer is None, name
-        assert assisted(PROMPTS[:1], **options) == plain, name
+        assert assisted.assistant_tokenizer is None, assistant
+        assert assisted(PROMPTS[:1], **options) == plain, assistant
 
 
 @pytest.mark.slow
@@ -309,9 +306,11 @@ def test_shipped_drafters_are_found_by_name_after_a_normal_install(tmp_path):
         "for name in SHIPPED_DRAFTERS:\n"
         "    drafter = angelspec_hf.load_drafter(name)\n"
         f"    print(name, type(drafter).__name__, drafter.name_or_path.startswith({str(prefix)!r}))\n"
-        "from transformers import AutoModel\n"  # the README's way to a shipped card through the Auto classes
-        "auto = AutoModel.from_pretrained(angelspec_hf.shipped_drafter_path('smollm2-135m-instruct-mtp'))\n"
-        f"assert type(auto).__name__ == 'AngelSpecMTPDrafter' and auto.name_or_path.startswith({str(prefix)!r})\n"
+        "from transformers import AutoModel\n"  # a shipped name where transformers takes a Hub id: the installed card
+        "auto = AutoModel.from_pretrained('smollm2-135m-instruct-mtp')\n"
+        "installed = angelspec_hf.load_drafter('smollm2-135m-instruct-mtp')\n"
+        "assert type(auto).__name__ == 'AngelSpecMTPDrafter' and all(\n"
+        "    a.equal(b) for a, b in zip(auto.state_dict().values(), installed.state_dict().values()))\n"
     )
 
     def run_installed(source: str) -> str:
@@ -365,6 +364,45 @@ def test_import_angelspec_hf_registers_the_drafters_in_any_import_order(text_tar
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split()[-4:] == ["False", "AngelSpecMTPConfig", "angelspec_hf", "True"]
+
+
+@pytest.mark.parametrize(
+    "imports", ["import angelspec_hf; import transformers", "import transformers; import angelspec_hf"]
+)
+def test_transformers_finds_the_shipped_cards_by_name(tmp_path, imports):
+    """A shipped card's name, or a clone's path to it, is a name transformers takes wherever it takes a Hub id:
+    `AutoConfig`, `AutoModel` (the router with its members), `AutoTokenizer`, `GenerationConfig`, run from a folder
+    that is not the clone, whichever of the two packages is imported first; other names still go to the Hub."""
+    code = (
+        f"{imports}\n"
+        "from transformers import AutoConfig, AutoModel, AutoTokenizer, GenerationConfig\n"
+        "from angelspec_hf.hub import SHIPPED_DRAFTERS\n"
+        "for name in SHIPPED_DRAFTERS:\n"
+        "    print(name, type(AutoModel.from_pretrained(name)).__name__, AutoConfig.from_pretrained(name).model_type)\n"
+        "print(type(AutoModel.from_pretrained('/elsewhere/model_cards/smollm2-135m-instruct-mtp')).__name__)\n"
+        "print(AutoTokenizer.from_pretrained(SHIPPED_DRAFTERS[0]).eos_token)\n"
+        "print(GenerationConfig.from_pretrained(SHIPPED_DRAFTERS[0]).num_assistant_tokens_schedule)\n"
+        "try:\n"
+        "    AutoConfig.from_pretrained('no-such-card')\n"
+        "except OSError as error:\n"
+        "    print('to the Hub', 'huggingface.co' in str(error))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert [line.split()[:2] for line in lines[:4]] == [
+        ["smollm2-135m-instruct-mtp", "AngelSpecMTPDrafter"],
+        ["smollm2-135m-instruct-dfly", "DFlyDrafter"],
+        ["smollm2-135m-instruct-suffix", "SuffixDrafter"],
+        ["smollm2-135m-instruct-router", "RouterDrafter"],
+    ]
+    assert lines[4:] == ["AngelSpecMTPDrafter", "<|im_end|>", "dcut", "to the Hub True"]
 
 
 @pytest.mark.parametrize("wrapped", ["target", "drafter"])

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from transformers import AutoModel, TrainingArguments
+from transformers import AutoModel, AutoTokenizer, TrainingArguments
 
 from angelspec_hf import AngelSpecMTPDrafter
 from angelspec_hf.prompts import encode_chat, load_prompts
@@ -571,6 +571,7 @@ def test_a_run_snapshotted_to_a_card_continues_on_a_new_machine(
     assert written["global_step"] == max(taus, key=lambda step: (taus[step], step))  # the best checkpoint
     assert (card / "README.md").read_text() == "the card's own text\n"
     assert AutoModel.from_pretrained(card).dtype == torch.float16
+    assert AutoTokenizer.from_pretrained(card).get_vocab() == smollm2_tokenizer.get_vocab()  # a card as every card is
     cli_main(["snapshot", str(first), "--output", str(card)])  # nothing better: the card stays
     assert "keeps its drafter" in capsys.readouterr().out
 

@@ -55,8 +55,10 @@ def best_checkpoint(run_dir: str) -> tuple[str, TrainerState]:
 
 def snapshot_run(run_dir: str, card_dir: str) -> dict:
     """Write the best checkpoint of the run in `run_dir` into `card_dir` as a float16 drafter with the run's trainer
-    state (the curve so far); the card's other files (README, benchmarks) stay. Returns what was written."""
+    state (the curve so far) and the target's tokenizer the checkpoint holds (the Trainer's `processing_class`); the
+    card's other files (README, benchmarks) stay. Returns what was written."""
     import torch
+    from transformers import AutoTokenizer
 
     from ..hub import load_drafter
 
@@ -65,6 +67,8 @@ def snapshot_run(run_dir: str, card_dir: str) -> dict:
     staging = f"{card_dir.rstrip(os.sep)}.snapshot-tmp"
     shutil.rmtree(staging, ignore_errors=True)
     drafter.to(torch.float16).save_pretrained(staging)
+    if os.path.isfile(os.path.join(checkpoint, "tokenizer_config.json")):
+        AutoTokenizer.from_pretrained(checkpoint).save_pretrained(staging)
     state.save_to_json(os.path.join(staging, TRAINER_STATE_NAME))
     os.makedirs(card_dir, exist_ok=True)
     for name in sorted(os.listdir(staging)):  # each file replaced whole: a reader sees the old or the new one

@@ -19,7 +19,7 @@ from torch import nn
 from transformers import GenerationConfig
 
 from ...cache_utils import pad_pending
-from ...hub import is_hub_id
+from ...hub import is_hub_id, resolve_drafter
 from ..base import AngelSpecDrafterPreTrainedModel, DraftPredictions
 from ..dfly.configuration_dfly import DFlyConfig
 from ..dfly.modeling_dfly import DFlyDrafter
@@ -290,8 +290,8 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         """The router's config, then each member from where `member_paths` says (`members/<name>/` of the router's
         folder or Hub repository by default), refused with the member's own error if its checkpoint is not what its
-        config says."""
-        path = str(pretrained_model_name_or_path)
+        config says. A shipped router's name stands for its folder (`resolve_drafter`), its members beside it."""
+        path = resolve_drafter(str(pretrained_model_name_or_path))
         config = kwargs.pop("config", None) or cls.config_class.from_pretrained(path)
         options = {key: kwargs[key] for key in ("dtype", "torch_dtype", "device_map") if key in kwargs}
         if not config.member_names or len(config.member_names) != len(config.members):
