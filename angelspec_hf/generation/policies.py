@@ -26,7 +26,7 @@ import torch
 from .dcut import ConfidenceCalibrator, dcut_depths
 from .draft_round import DraftRound
 from .schedules import CONSTANT, DCUT, HEURISTIC, parse_label
-from .verify_cost import CorrectedCost, VerifyCostModel, load_cost_model
+from .verify_cost import CorrectedCost, VerifyCost, load_cost_model
 
 
 EXPLORATION_SHARE = 0.02  # most of a run's expected decoding time D-cut spends on drafting it does not expect to pay
@@ -49,7 +49,7 @@ class VerifyPolicy:
     """Base of the verify policies. `max_draft` is the most tokens drafted per round."""
 
     schedule: ClassVar[str]
-    cost_model: VerifyCostModel | None = None  # the verify-cost profile it prices with, if it prices
+    cost_model: VerifyCost | None = None  # the verify cost it prices with, if it prices
 
     def __init__(self, max_draft: int):
         if not isinstance(max_draft, int) or isinstance(max_draft, bool) or max_draft < 1:
@@ -172,7 +172,7 @@ class DCut(VerifyPolicy):
 
     schedule = DCUT
 
-    def __init__(self, max_draft: int, cost_model: VerifyCostModel | None = None):
+    def __init__(self, max_draft: int, cost_model: VerifyCost | None = None):
         super().__init__(max_draft)
         self.cost_model = cost_model
         self.estimates: DrafterEstimates | None = None

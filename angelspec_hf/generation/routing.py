@@ -39,7 +39,7 @@ from __future__ import annotations
 import time
 
 from .dcut import FREE_ROUND_GAIN
-from .verify_cost import VerifyCostModel
+from .verify_cost import VerifyCost
 
 
 PRIOR_ACCEPTED = 1.0  # tokens per round a member is credited with before its first round is averaged in
@@ -87,7 +87,7 @@ class RoutingPolicy:
     accepted (module docstring); `cost_model` is the verify-cost profile the session gives it (None: one unit per
     verified token). The `state` its methods take is the router's `RouterDraftState`, and a `row` one of its rows."""
 
-    def __init__(self, router, cost_model: VerifyCostModel | None = None):
+    def __init__(self, router, cost_model: VerifyCost | None = None):
         self.router = router
         self.cost_model = cost_model
         count = len(router.members)

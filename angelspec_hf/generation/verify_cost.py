@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import torch
 from transformers import DynamicCache
@@ -22,6 +22,13 @@ from .timing import device_clock
 
 PROFILED_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 MAX_VERIFY_SECONDS = 600.0  # a profiled forward slower than this is a corrupt profile, not a measurement
+
+
+class VerifyCost(Protocol):
+    """What a verify policy prices with: the seconds of one verify forward of `rows` rows, `width` new tokens each (a
+    profile, `VerifyCostModel`, or a run's correction of one, `CorrectedCost`)."""
+
+    def __call__(self, rows: int, width: int, /) -> float: ...
 
 
 @dataclass
