@@ -246,13 +246,21 @@ def test_negative_temperature_is_an_error(capsys, tmp_path, prompts, value):
     assert f"argument --temperature: must be a number >= 0 (0: greedy), got '{value}'" in error
 
 
-def test_nonexistent_drafter_says_so(capsys, tmp_path, prompts):
+def test_nonexistent_drafter_says_so(capsys, tmp_path, prompts, monkeypatch):
     output = tmp_path / "out.jsonl"
     missing = tmp_path / "no-drafter"
     error = one_line_error(capsys, "batch", "--drafter", missing, "--prompts", prompts, "--output", output)
     assert f"--drafter {missing}: no drafter folder of that name" in error
-    error = one_line_error(capsys, "batch", "--drafter", "my-drafter", "--prompts", prompts, "--output", output)
-    assert "--drafter my-drafter: no drafter folder of that name (and it is not a Hub id available offline)" in error
+    error = one_line_error(capsys, "batch", "--drafter", "me/my-drafter", "--prompts", prompts, "--output", output)
+    assert (
+        "--drafter me/my-drafter: no drafter folder of that name (and it is not a Hub id available offline)" in error
+    )
+    with monkeypatch.context() as online:  # a bare name is no drafter's Hub id: refused before anything loads
+        online.delenv("HF_HUB_OFFLINE", raising=False)
+        index = ["index-outputs", "--responses", "r.jsonl.gz", "--output", tmp_path / "index"]
+        for command in (["batch", "--prompts", prompts, "--output", output], index):
+            error = one_line_error(capsys, *command, "--drafter", "my-drafter")
+            assert error.endswith("--drafter my-drafter: no drafter folder of that name"), error
     error = one_line_error(capsys, "demo", "--drafter", "./my-drafter")
     assert "no drafter folder" in error and "Hub id" not in error
     error = one_line_error(capsys, "bench", "--drafter", f"{tmp_path / 'missing'}@dcut", "--prompts", prompts)

@@ -80,7 +80,8 @@ def check_model(flag: str, path: str, kind: str, hub: bool = True, filename: str
 
         if os.path.isdir(resolve_drafter(path)):
             return
-    hub_id = hub and HUB_ID.fullmatch(path) is not None
+    # a drafter's Hub id names its owner (`load_drafter`): a bare name that is no shipped card is refused, online too
+    hub_id = hub and HUB_ID.fullmatch(path) is not None and (kind != "drafter" or "/" in path)
     if hub_id and _on_hub(path, filename):
         return
     hint = " (and it is not a Hub id available offline)" if hub_id else ""
