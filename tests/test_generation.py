@@ -280,3 +280,25 @@ def test_a_round_profile_splits_each_round_into_the_target_forward_drafting_and_
     served = engine.stats.round_profile()
     assert served["target_forward_ms"] >= 20 and served["rest_ms"] >= 30 and served["rounds"] == engine.stats.rounds
     assert batched.shape[0] == 2 and drafter.speculation_stats.round_profile()["rest_ms"] >= 30
+
+
+def test_a_drafter_checks_a_target_once_and_every_other_one(monkeypatch):
+    """Every generate() call binds its assistant again: the target it was checked against is not checked again (its
+    config, embedding and tokenizer are the same objects), another target is, and refused if it is not the drafter's."""
+    target = make_target("llama")
+    drafter = AngelSpecMTPDrafter.from_target(target, num_depths=1)
+    drafter.generation_config.num_assistant_tokens_schedule = "constant"  # it drafts every round
+    checked = []
+    check = AngelSpecMTPDrafter.check_target
+    monkeypatch.setattr(
+        AngelSpecMTPDrafter,
+        "check_target",
+        lambda self, t, tokenizer=None: checked.append(t) or check(self, t, tokenizer),
+    )
+    for _ in range(2):
+        target.generate(torch.tensor([[3, 5, 7]]), assistant_model=drafter, max_new_tokens=4, do_sample=False)
+    assert checked == [] and sum(drafter.speculation_stats.drafted) > 0
+    other = make_target("llama", vocab_size=128)
+    with pytest.raises(ValueError, match="vocab_size"):
+        drafter.bind_target(other)
+    assert checked == [other]

@@ -341,6 +341,7 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         self._target_embed_tokens = None
         self._target_lm_head = None
         self._target_tokenizer = None  # saved with the drafter, so that a pipeline can load it by path or id
+        self._checked_target = ()  # (config, embedding weight, tokenizer) that `check_target` last passed
         # generate() reads drafting settings from the assistant's generation config, as for any assistant model:
         # at most `num_assistant_tokens` drafted per round, the verified prefix chosen by D-cut by default.
         self.generation_config = GenerationConfig(
@@ -522,13 +523,21 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
                 f"{getattr(target.config, 'name_or_path', '?')!r}: " + "; ".join(problems)
             )
 
+    def check_target_once(self, target: PreTrainedModel, tokenizer=None) -> None:
+        """`check_target`, skipped for the target (its config and embedding) and tokenizer that last passed it: every
+        `generate()` call binds its assistant again."""
+        checked = (target.config, target.get_input_embeddings().weight, tokenizer)
+        if len(self._checked_target) != len(checked) or any(a is not b for a, b in zip(checked, self._checked_target)):
+            self.check_target(target, tokenizer)
+            self._checked_target = checked
+
     def bind_target(self, target: PreTrainedModel, tokenizer=None) -> "AngelSpecDrafterPreTrainedModel":
         """Check `target` and share its embedding and lm_head (frozen, not registered: never saved with the drafter).
 
         The drafter moves to the target's dtype and device: a checkpoint stored in half precision drafts in the
         target's precision.
         """
-        self.check_target(target, tokenizer)
+        self.check_target_once(target, tokenizer)
         if self.dtype != target.dtype or self.device != target.device:
             self.to(dtype=target.dtype, device=target.device)
         self._borrow_target(target, tokenizer)
@@ -556,7 +565,7 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
 
     def __setattr__(self, name, value):
         # Target modules are borrowed, not owned: keep them out of `_modules` (state dict, DDP, `.to`).
-        if name in ("_target_embed_tokens", "_target_lm_head", "_target_tokenizer"):
+        if name in ("_target_embed_tokens", "_target_lm_head", "_target_tokenizer", "_checked_target"):
             object.__setattr__(self, name, value)
         else:
             super().__setattr__(name, value)

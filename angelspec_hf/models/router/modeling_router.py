@@ -233,7 +233,7 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
                 raise ValueError(f"Router member {name!r}: {error}") from error
 
     def bind_target(self, target, tokenizer=None) -> "RouterDrafter":
-        self.check_target(target, tokenizer)
+        self.check_target_once(target, tokenizer)
         for member in self.members:
             member.bind_target(target, tokenizer)
         self._borrow_target(target, tokenizer)

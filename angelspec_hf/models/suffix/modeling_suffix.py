@@ -395,7 +395,7 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
             )
 
     def bind_target(self, target, tokenizer=None) -> "SuffixDrafter":
-        self.check_target(target, tokenizer)
+        self.check_target_once(target, tokenizer)
         if self.device != target.device:
             self.to(target.device)
         self._target_embed_tokens = target.get_input_embeddings()  # not read: marks the drafter as bound
