@@ -165,8 +165,8 @@ def resolve_drafter(name_or_path: str) -> str:
 
 
 def shipped_card_folder(path_or_repo_id) -> str | None:
-    """The shipped card a name stands for (`resolve_drafter`), where `path_or_repo_id` is neither a folder nor anything
-    but a shipped card's name or a clone's path to one; None otherwise (folders, Hub ids, other names)."""
+    """The folder of the shipped card `path_or_repo_id` names (a card's name, or a clone's `.../model_cards/<name>`
+    where that folder is not: `resolve_drafter`); None for anything else (a folder, a Hub id, another name)."""
     path = str(path_or_repo_id)
     folder = resolve_drafter(path)
     return folder if folder != path else None
