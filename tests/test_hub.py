@@ -455,6 +455,11 @@ def test_shipped_cards_resolve_by_name_and_by_a_clones_path_to_them(tmp_path):
     recorded["base_model_name_or_path"] = "/elsewhere/clone/model_cards/smollm2-135m-instruct-mtp"
     adapter_config.write_text(json.dumps(recorded))
     assert type(load_drafter(str(tmp_path / "adapter"))).__name__ == "PeftModel"
+    recorded["base_model_name_or_path"] = "smollm2-135m-instruct-mtp"  # a bare name: peft's own loader takes it too
+    adapter_config.write_text(json.dumps(recorded))
+    allowed = [type(drafter).__module__]  # peft imports a model class only from the modules it is told to trust
+    loaded = peft.AutoPeftModel.from_pretrained(tmp_path / "adapter", import_allowlist=allowed)
+    assert type(loaded.base_model.model) is type(drafter)
 
     sys.path.insert(0, os.path.join(REPOSITORY, "examples"))
     try:
