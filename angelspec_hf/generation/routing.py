@@ -55,6 +55,10 @@ AVERAGE = 0.3  # weight of the newest round in the running averages of a member'
 REQUEST_AVERAGE = 0.1
 REQUEST_PRIOR_ROUNDS = 4
 BUCKET_AVERAGE = 0.05
+# A member's delivery (what its rounds delivered of what they promised) starts at 1, counted as this many rounds: from
+# its first chosen round alone (one draft rejected after a lucky try) the shipped MTP member's came out at 0.33 on
+# Spec-Bench QA, its scores fell below decoding without drafts, and it never drafted again to correct it.
+DELIVERY_PRIOR_ROUNDS = 8
 MAX_TRY_BACKOFF = 32  # most new requests a member that keeps losing its tries sits out between two tries
 TRY_SHARE = 0.05  # most of a request's decoding time so far that a try's catch-up (reading its backlog) may cost
 
@@ -99,6 +103,7 @@ class RoutingPolicy:
         # Tokens per round (1 + a) each member promised when chosen and delivered, averaged over its rounds.
         self.member_promised: list[float | None] = [None] * count
         self.member_delivered: list[float | None] = [None] * count
+        self.member_promises = [0] * count  # rounds averaged into them
         self.round_overhead: float | None = None  # a drafting round's seconds beyond drafting and the verify forward
         # For members with an outlook: (accepted, law of verified) per round, by outlook bucket.
         self.bucket_record: list[dict[int, tuple[float, dict[int, float]]]] = [{} for _ in range(count)]
@@ -131,7 +136,7 @@ class RoutingPolicy:
         changes only on the rounds its member drafts, and the router picks a member when its record is high, so a
         record promises more than its next round delivers (a winner's curse: over 8 math-reasoning prompts the
         shipped DFly member's rounds delivered 0.88 of their promise, the suffix member's 1.13); scores are scaled
-        by it."""
+        by it. It starts at 1, counted as `DELIVERY_PRIOR_ROUNDS` rounds."""
         if self.member_promised[m] is None:
             return 1.0
         return self.member_delivered[m] / self.member_promised[m]
@@ -335,8 +340,12 @@ class RoutingPolicy:
             self.member_accepted[m] = _average(self.member_accepted[m], count, PRIOR_ACCEPTED, weight)
             self.member_verified[m] = _average_law(self.member_verified[m], verified, PRIOR_VERIFIED, weight)
             if row.promised is not None and not row.last_try:  # a try's promise did not win it the round
-                self.member_promised[m] = _average(self.member_promised[m], row.promised, weight=weight)
-                self.member_delivered[m] = _average(self.member_delivered[m], 1 + count, weight=weight)
+                # the prior: the first promise, delivered in full, counted as DELIVERY_PRIOR_ROUNDS rounds
+                self.member_promises[m] += 1
+                weight = _record_weight(self.member_promises[m], BUCKET_AVERAGE, DELIVERY_PRIOR_ROUNDS)
+                prior = row.promised
+                self.member_promised[m] = _average(self.member_promised[m], row.promised, prior, weight)
+                self.member_delivered[m] = _average(self.member_delivered[m], 1 + count, prior, weight)
             row.promised = None
             if row.last_try:
                 row.last_try = False
