@@ -178,7 +178,9 @@ def _list_templates(list_repo_templates):
         folder = shipped_card_folder(repo_id)
         if folder is None:
             return list_repo_templates(repo_id, *args, **kwargs)
-        templates = os.path.join(folder, "additional_chat_templates")  # transformers' CHAT_TEMPLATE_DIR
+        from transformers.utils.hub import CHAT_TEMPLATE_DIR  # loaded: this wraps one of its functions
+
+        templates = os.path.join(folder, CHAT_TEMPLATE_DIR)
         return (
             sorted(name for name in os.listdir(templates) if name.endswith(".jinja"))
             if os.path.isdir(templates)

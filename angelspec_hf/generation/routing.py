@@ -340,12 +340,11 @@ class RoutingPolicy:
             self.member_accepted[m] = _average(self.member_accepted[m], count, PRIOR_ACCEPTED, weight)
             self.member_verified[m] = _average_law(self.member_verified[m], verified, PRIOR_VERIFIED, weight)
             if row.promised is not None and not row.last_try:  # a try's promise did not win it the round
-                # the prior: the first promise, delivered in full, counted as DELIVERY_PRIOR_ROUNDS rounds
                 self.member_promises[m] += 1
                 weight = _record_weight(self.member_promises[m], BUCKET_AVERAGE, DELIVERY_PRIOR_ROUNDS)
-                prior = row.promised
-                self.member_promised[m] = _average(self.member_promised[m], row.promised, prior, weight)
-                self.member_delivered[m] = _average(self.member_delivered[m], 1 + count, prior, weight)
+                self.member_promised[m] = _average(self.member_promised[m], row.promised, weight=weight)
+                # the prior: the first promise delivered in full, counted as DELIVERY_PRIOR_ROUNDS rounds
+                self.member_delivered[m] = _average(self.member_delivered[m], 1 + count, row.promised, weight)
             row.promised = None
             if row.last_try:
                 row.last_try = False

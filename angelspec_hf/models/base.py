@@ -341,7 +341,7 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         self._target_embed_tokens = None
         self._target_lm_head = None
         self._target_tokenizer = None  # saved with the drafter, so that a pipeline can load it by path or id
-        self._checked_target = ()  # (config, embedding weight, tokenizer) that `check_target` last passed
+        self._checked_target = None  # (config, embedding weight, tokenizer) that `check_target` last passed
         # generate() reads drafting settings from the assistant's generation config, as for any assistant model:
         # at most `num_assistant_tokens` drafted per round, the verified prefix chosen by D-cut by default.
         self.generation_config = GenerationConfig(
@@ -527,7 +527,7 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         """`check_target`, skipped for the target (its config and embedding) and tokenizer that last passed it: every
         `generate()` call binds its assistant again."""
         checked = (target.config, target.get_input_embeddings().weight, tokenizer)
-        if len(self._checked_target) != len(checked) or any(a is not b for a, b in zip(checked, self._checked_target)):
+        if self._checked_target is None or any(a is not b for a, b in zip(checked, self._checked_target)):
             self.check_target(target, tokenizer)
             self._checked_target = checked
 
