@@ -296,6 +296,30 @@ def test_switching_to_a_member_pays_for_its_catch_up_and_the_policy_adds_none():
     assert solo.routing is None and solo.policy.catch_up_seconds(backlog=500) > 0.0
 
 
+def test_a_catch_up_is_spread_over_the_rounds_the_request_has_left():
+    """Reading is linear in the tokens read, so a member that drafts again in a request pays for every token it
+    skipped, whenever it switches: the catch-up is spread over the rounds left (tokens left over 1 + a). Charged to
+    the switching round alone it grew with every round another member drafted and kept MTP out of the request."""
+    target, router, routing = priced_router(shared_index_max_tokens=0)
+    routing.member_seconds, routing.member_read_seconds = [0.05, 0.1, 0.01], [0.002, 0.004, 0.5]
+    state = router.new_draft_state(1)
+    routing.admit(state, 0)
+    row = state.rows[0]
+    for own in row.members:
+        own.tries = False  # no tries: the records decide
+    row.members[0].accepted, row.members[0].verified = 1.0, {2: 1.0}
+    row.members[1].accepted, row.members[1].verified = 0.0, {1: 1.0}
+    routing.bucket_record[2][0] = (0.2, {1: 1.0})  # the suffix member without a match: 1.2 tokens a round
+    row.members[0].tokens = list(range(1004))  # MTP skipped 1,000 tokens beyond its usual round of 1 + 3
+    assert routing.score(row, 0) == pytest.approx(2.0 / (0.05 + 1000 * 0.002 + 1.2))  # unknown: one round
+    routing.plan(state, tokens_left=400)  # 200 rounds of 1 + a = 2 tokens
+    assert routing.score(row, 0) == pytest.approx(2.0 / (0.05 + 1000 * 0.002 / 200 + 1.2))
+    assert row.plan[1][0] == 0  # worth its catch-up: MTP drafts
+    routing.plan(state, tokens_left=2)  # a round left: the catch-up is not repaid, the suffix member drafts
+    assert routing.score(row, 0) == pytest.approx(2.0 / (0.05 + 1000 * 0.002 + 1.2))
+    assert row.plan[1][0] == 2
+
+
 def test_a_matching_suffix_member_drafts_even_where_its_bucket_record_loses_and_its_cut_decides():
     """Where no member's score beats decoding without drafts but the suffix member has a match, the suffix member
     drafts the round (its drafts are nearly free, and D-cut verifies none of them that would not pay), whatever its

@@ -14,8 +14,12 @@ catch-up on request r, t_v the profiled verify cost of the batch of R requests, 
 expectation is over the recorded law of n, not t_v at its mean: a cut verifies none on some rounds and many on
 others, and t_v is neither linear nor, on some machines, monotone. A member not chosen
 does not run: the verified tokens wait for it and it reads them all when next chosen, so its catch-up (its measured
-time per token read beyond a usual round's, times the tokens waiting) is charged to the round that switches to it;
-a member that reads for free (suffix) has none. The policy's promise to the verify policy counts it, so the verify
+time per token read beyond a usual round's, times the tokens waiting) is paid by the round that switches to it; a
+member that reads for free (suffix) has none. Reading is linear in the tokens read, so a member that drafts again
+at all in a request pays for reading every token it skipped, whenever it switches: the catch-up is spread over the
+rounds the request has left (its tokens left over the member's 1 + a_rm, as the verify policy spreads a single
+drafter's). Charged to the switching round alone, it grew with every round another member drafted and kept the
+MTP member out of the rest of a long request once the suffix member had drafted a while. The policy's promise to the verify policy counts it, so the verify
 policy adds no catch-up price of its own. A request tries every member once, and again each
 `explore_tokens` verified tokens a member has not drafted it, so no estimate goes stale (a request admitted while
 another's try of a member is pending does not try it, and goes by that try's verdict); `plan` tells the verify
@@ -110,6 +114,7 @@ class RoutingPolicy:
         self.bucket_rounds: list[dict[int, int]] = [{} for _ in range(count)]  # rounds averaged into each record
         self.try_backoff = [0] * count  # new requests a member sits out after a lost try (doubling)
         self.try_wait = [0] * count  # new requests still to pass before the member's next try
+        self.tokens_left: int | None = None  # most tokens the batch may still decode this round (None: unknown)
 
     def score(self, row, m: int, bucket: int | None = None, pending: int = 0, rows: int = 1) -> float:
         """Expected tokens per second of a round drafted by member m for this request (module docstring), its
@@ -117,9 +122,16 @@ class RoutingPolicy:
         a batch of `rows` requests; for a member with an outlook, a_m and n_m are its record at this outlook's
         bucket."""
         accepted, verified = self.record(row, m, bucket)
+        catch_up = self.catch_up_seconds_of(m, len(row.members[m].tokens) + pending) / self.rounds_left(accepted)
         accepted = (1 + accepted) * self.delivery(m) - 1
-        seconds = (self.member_seconds[m] or 0.0) + self.catch_up_seconds_of(m, len(row.members[m].tokens) + pending)
-        return self._rate(accepted, verified, seconds, rows)
+        return self._rate(accepted, verified, (self.member_seconds[m] or 0.0) + catch_up, rows)
+
+    def rounds_left(self, accepted: float) -> float:
+        """The rounds a request has left to spread a catch-up over when its member accepts `accepted` drafts per
+        round: the batch's `tokens_left` over 1 + a (at least one; one when unknown)."""
+        if self.tokens_left is None:
+            return 1.0
+        return max(1.0, self.tokens_left / (1 + accepted))
 
     def record(self, row, m: int, bucket: int | None = None) -> tuple[float, dict[int, float]]:
         """Member m's record on this request, (a_rm, the law of n_rm); for a member with an outlook, its record at
@@ -253,7 +265,7 @@ class RoutingPolicy:
             m = max(matched, key=scores.__getitem__)
         return m, looks[m], False
 
-    def plan(self, state, pending: list[list[int]] | None = None) -> float | None:
+    def plan(self, state, pending: list[list[int]] | None = None, tokens_left: int | None = None) -> float | None:
         """Choose each request's member for the coming round (`RouterRow.plan`, which the router's `propose`
         drafts with) and return what the round promises: the mean over requests of g = 1 − r_0 / score(r, m_r),
         r_0 = 1 / t_v(1) the rate without drafts and m_r the request's choice, what drafting each request with it
@@ -262,10 +274,11 @@ class RoutingPolicy:
         over its outlook bucket, while D-cut cuts each round by the calibrated confidence of its own drafts,
         verifying none where they would not pay: the cut, not the record, decides (the suffix drafter alone drafts
         so, and beat the router that skipped by its records on six of eight Spec-Bench-style domains).
-        `pending[r]`: tokens request r verified since the router last drafted. The promise is None without a
-        profile."""
+        `pending[r]`: tokens request r verified since the router last drafted; `tokens_left`: most tokens the batch
+        may still decode (catch-ups are spread over them). The promise is None without a profile."""
         if not state.rows:
             return None
+        self.tokens_left = tokens_left
         self._learn_drafting_times(state)
         if self.cost_model is not None:
             self._time_round(state)

@@ -91,7 +91,10 @@ class DecodingSession:
     def draft_count(self, state, rows: Sequence[RowState], budget: int, pending: list[list[int]]) -> int:
         """Most tokens to draft this round (0: skip it) for `rows`, whose `pending[r]` verified tokens the drafter
         has not read; a router's routing policy first chooses each row's member and promises the round's saving."""
-        promised = self.routing.plan(state, pending) if self.routing else self.drafter.promised_gain(state, pending)
+        if self.routing:
+            promised = self.routing.plan(state, pending, tokens_left=budget)
+        else:
+            promised = self.drafter.promised_gain(state, pending)
         backlog = max((len(tokens) for tokens in pending), default=0)
         return self.policy.draft_count(rows, budget, backlog, promised_gain=promised)
 
