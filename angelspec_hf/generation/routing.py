@@ -19,8 +19,9 @@ member that reads for free (suffix) has none. Reading is linear in the tokens re
 at all in a request pays for reading every token it skipped, whenever it switches: the catch-up is spread over the
 rounds the request has left (its tokens left over the member's 1 + a_rm, as the verify policy spreads a single
 drafter's). Charged to the switching round alone, it grew with every round another member drafted and kept the
-MTP member out of the rest of a long request once the suffix member had drafted a while. The policy's promise to the verify policy counts it, so the verify
-policy adds no catch-up price of its own. A request tries every member once, and again each
+MTP member out of the rest of a long request once the suffix member had drafted a while. The policy's promise to
+the verify policy counts it, so the verify policy adds no catch-up price of its own. A request tries every member
+once, and again each
 `explore_tokens` verified tokens a member has not drafted it, so no estimate goes stale (a request admitted while
 another's try of a member is pending does not try it, and goes by that try's verdict); `plan` tells the verify
 policy what the next round promises, optimistic for such a try. A try costs the member's catch-up
