@@ -4,7 +4,8 @@ Every set has a name (`mt_bench`, `gsm8k_test`, ...), the file it lives in under
 a user elsewhere would load instead. A set is read from the first of: the `--data-dir` folder (or
 `$ANGELSPEC_DATA_DIR`), the copy shipped in the package (the evaluation sets the commands default to: MT-bench,
 Spec-Bench, Arena-Hard, GSM8K test, MBPP; `angelspec_hf/data/prompts`, licence and source in a `SOURCE.md` each),
-the Hub. Each record becomes `{"prompt": str, "category": str}`: the first user turn. A prompt file of one's own
+the Hub. Each record becomes `{"prompt": str, "category": str}`: the first user turn; a multi-turn set (`turns`)
+makes one row per later user turn instead, with the dialogue's earlier messages as its `history`. A prompt file of one's own
 (JSON lines) is read and checked record by record here (`read_prompt_file`), so a malformed one is reported by line
 before any model loads.
 """
@@ -29,10 +30,12 @@ class PromptSet:
     hub_id: str | None  # None: only a local copy exists (under --data-dir)
     hub_config: str | None
     hub_split: str
-    to_prompt: Callable[[dict], str]
+    to_prompt: Callable[[dict], str] | None  # None for a set of dialogues (`turns`)
     category: Callable[[dict], str] = lambda record: ""
     keep: Callable[[dict], bool] = lambda record: True
     reference: Callable[[dict], str] | None = None  # the set's own answer to the prompt, where it has one
+    # A set of dialogues: the rows `{"prompt", "history"}` one record makes, `history` the chat messages before it.
+    turns: Callable[[dict], list[dict]] | None = None
 
 
 def _first_turn(record: dict) -> str:
@@ -48,6 +51,17 @@ def _instruction_with_input(record: dict) -> str:
 
 def _first_instance_output(record: dict) -> str:
     return record["instances"][0]["output"] if record.get("instances") else ""
+
+
+def _mtbench101_later_turns(record: dict) -> list[dict]:
+    """Every user turn of an MT-Bench-101 dialogue after the first, after the dialogue's own earlier turns (its
+    recorded answers, not the target's: each turn is then a prompt of its own, made without decoding the ones before)."""
+    rows, history = [], []
+    for turn in record["history"]:
+        if history:
+            rows.append({"prompt": turn["user"], "history": list(history)})
+        history += [{"role": "user", "content": turn["user"]}, {"role": "assistant", "content": turn["bot"]}]
+    return rows
 
 
 def _mbpp_prompt(record: dict) -> str:
@@ -113,6 +127,16 @@ PROMPT_SETS: dict[str, PromptSet] = {
         lambda r: r["history"][0]["user"],
         category=lambda r: r["task"],
         reference=lambda r: r["history"][0]["bot"],
+    ),
+    # The same dialogues' later turns (2,820), each with the turns before it.
+    "mtbench101_later_turns": PromptSet(
+        "mtbench101/mtbench101.jsonl",
+        None,
+        None,
+        "train",
+        None,
+        category=lambda r: r["task"],
+        turns=_mtbench101_later_turns,
     ),
     "code_alpaca": PromptSet(
         "code_alpaca/code_alpaca_2k.json",
@@ -219,6 +243,8 @@ def source_parts(source: str) -> list[str]:
 def check_prompt_source(source: str, data_dir: str | None = None) -> None:
     """Raise ValueError unless every part of `source` is a known prompt set or a well-formed prompt file, and
     FileNotFoundError when a set can be read from nowhere (`check_prompt_set_available`)."""
+    if len(source_parts(source)) > 1:
+        _check_no_dialogues_mixed(source_parts(source))
     for part in source_parts(source):
         if os.path.isfile(part):
             read_prompt_file(part)
@@ -312,6 +338,7 @@ def load_prompts(source: str, data_dir: str | None = None, limit: int | None = N
 
     parts = source_parts(source)
     if len(parts) > 1:
+        _check_no_dialogues_mixed(parts)
         prompts = datasets.interleave_datasets(  # round robin until the shortest part runs out
             [load_prompts(part, data_dir=data_dir) for part in parts]
         )
@@ -321,10 +348,15 @@ def load_prompts(source: str, data_dir: str | None = None, limit: int | None = N
         name, _, category = source.partition(":")
         spec = PROMPT_SETS[name]
         raw = _load_set(name, data_dir)
-        prompts = raw.map(
-            lambda r: {"prompt": spec.to_prompt(r), "category": spec.category(r) or name},
-            remove_columns=raw.column_names,
-        )
+        if spec.turns is None:
+            prompts = raw.map(
+                lambda r: {"prompt": spec.to_prompt(r), "category": spec.category(r) or name},
+                remove_columns=raw.column_names,
+            )
+        else:
+            prompts = datasets.Dataset.from_list(
+                [{**row, "category": spec.category(record) or name} for record in raw for row in spec.turns(record)]
+            )
         if category:
             known = sorted(set(prompts["category"]))
             if category not in known:
@@ -335,6 +367,28 @@ def load_prompts(source: str, data_dir: str | None = None, limit: int | None = N
     if limit is not None:
         prompts = prompts.select(range(min(limit, len(prompts))))
     return prompts
+
+
+def _is_multi_turn(source: str) -> bool:
+    spec = PROMPT_SETS.get(source.partition(":")[0])
+    return spec is not None and spec.turns is not None
+
+
+def _check_no_dialogues_mixed(parts: list[str]) -> None:
+    """Rows with a history and rows without do not make one `datasets.Dataset`."""
+    for part in parts:
+        if _is_multi_turn(part):
+            raise ValueError(f"{part} is a set of dialogues (prompts with a history): load it on its own")
+
+
+def check_single_turn(source: str) -> None:
+    """Raise ValueError if `source` holds multi-turn prompts, for a consumer that reads the `prompt` column alone."""
+    for part in source_parts(source):
+        if _is_multi_turn(part):
+            raise ValueError(
+                f"{part} is a set of dialogues (prompts with a history): benchmarks take single-turn prompts; "
+                "regenerate and batch read the history"
+            )
 
 
 def _load_set(source: str, data_dir: str | None) -> datasets.Dataset:
@@ -373,12 +427,13 @@ def load_references(source: str, data_dir: str | None = None, limit: int | None 
     return rows[:limit] if limit is not None else rows
 
 
-def encode_chat(tokenizer, prompt: str) -> list[int]:
-    """Token ids of `prompt` as the first user turn of the tokenizer's chat template, ready for generation."""
+def encode_chat(tokenizer, prompt: str, history: list[dict] | None = None) -> list[int]:
+    """Token ids of `prompt` as a user turn of the tokenizer's chat template, after the chat messages `history` (none:
+    the first turn), ready for generation."""
     if not prompt.strip():
         raise ValueError("Empty prompt: there is nothing to condition the generation on.")
-    messages = [{"role": "user", "content": prompt}]
+    messages = [*(history or []), {"role": "user", "content": prompt}]
     if tokenizer.chat_template is None:
-        return tokenizer(prompt)["input_ids"]
+        return tokenizer("\n\n".join(message["content"] for message in messages))["input_ids"]
     encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)

@@ -149,6 +149,13 @@ def test_a_prompt_set_that_can_be_read_from_nowhere_is_named_before_the_target_l
     assert "no --data-dir (or $ANGELSPEC_DATA_DIR) holds gsm8k/train.jsonl" in error
 
 
+def test_a_set_of_dialogues_is_refused_by_the_benchmarks_and_in_a_mixture(capsys, tmp_path):
+    error = one_line_error(capsys, "bench", "--prompts", "mtbench101_later_turns")
+    assert "mtbench101_later_turns is a set of dialogues (prompts with a history): benchmarks take" in error
+    error = one_line_error(capsys, "batch", "--prompts", "mt_bench+mtbench101_later_turns", "--output", tmp_path / "o")
+    assert "mtbench101_later_turns is a set of dialogues (prompts with a history): load it on its own" in error
+
+
 def test_the_evaluation_sets_ship_with_the_package(monkeypatch):
     from angelspec_hf.prompts import PACKAGED_DATA_DIR, local_prompt_file
 

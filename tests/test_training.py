@@ -98,6 +98,25 @@ def test_sampled_regeneration_records_its_seeds_and_resumes(chat_target, smollm2
     assert len(second) == 6, "another seed is another pass over the same prompts"
 
 
+def test_a_dialogues_later_turns_are_regenerated_after_the_turns_before_them(chat_target, smollm2_tokenizer, tmp_path):
+    rows = load_prompts("mtbench101_later_turns")  # 4 dialogues of 3, 4, 3 and 3 turns in the fixture
+    assert len(rows) == 2 + 3 + 2 + 2 and [len(row["history"]) for row in rows][:3] == [2, 4, 2]
+    first, second = rows[0], rows[1]
+    assert second["history"][:2] == first["history"] and second["history"][2]["content"] == first["prompt"]
+    assert second["history"][3]["role"] == "assistant", "the dialogue's own answer follows each user turn"
+    path = str(tmp_path / "turns.jsonl.gz")
+    kwargs = dict(limit_per_source=4, max_new_tokens=4, batch_size=2)
+    records = regenerate_responses(chat_target, smollm2_tokenizer, ["mtbench101_later_turns"], path, **kwargs)
+    assert [record["prompt"] for record in records] == [row["prompt"] for row in rows.select(range(4))]
+    for record, row in zip(records, rows):
+        assert record["prompt_ids"] == encode_chat(smollm2_tokenizer, row["prompt"], row["history"])
+    text = smollm2_tokenizer.decode(records[1]["prompt_ids"])
+    assert text.index(first["history"][0]["content"]) < text.index(first["prompt"]) < text.index(second["prompt"])
+    assert len({record["context"] for record in records}) == 4
+    again = regenerate_responses(chat_target, smollm2_tokenizer, ["mtbench101_later_turns"], path, **kwargs)
+    assert again == records, "resumed: every turn already answered"
+
+
 def test_regeneration_skips_the_prompts_of_excluded_sets(chat_target, smollm2_tokenizer, tmp_path):
     path = str(tmp_path / "excluded.jsonl.gz")
     kwargs = dict(limit_per_source=2, max_new_tokens=4, batch_size=2)

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     sampling = {"do_sample": True, "temperature": args.temperature} if args.temperature > 0 else {}
     requests = [
         Request(
-            encode_chat(target.tokenizer, row["prompt"]),
+            encode_chat(target.tokenizer, row["prompt"], row.get("history")),
             max_new_tokens=args.max_new_tokens,
             seed=args.seed + i,
             request_id=i,

@@ -28,7 +28,7 @@ def check(args: argparse.Namespace) -> None:
         check_model("--drafter", spec.partition("@")[0], "drafter", hub=False)
     check_context(args)
     check_data_dir(args.data_dir)
-    check_prompt_sources([args.prompts], args.data_dir)
+    check_prompt_sources([args.prompts], args.data_dir, single_turn=True)
     check_writable("--output", args.output)
     if args.concurrency and args.limit is not None:
         needed = max(max(int(c) for c in args.concurrency.split(",")), args.min_requests)

@@ -7,7 +7,7 @@ import argparse
 import os
 import re
 
-from ..prompts import check_prompt_source
+from ..prompts import check_prompt_source, check_single_turn
 
 
 class UsageError(ValueError):
@@ -61,11 +61,14 @@ def check_data_dir(data_dir: str | None) -> None:
         raise UsageError(f"--data-dir {data_dir}: no such folder")
 
 
-def check_prompt_sources(sources: list[str], data_dir: str | None) -> None:
-    """Each prompt set name, mixture or file can be read (`prompts.check_prompt_source`)."""
+def check_prompt_sources(sources: list[str], data_dir: str | None, single_turn: bool = False) -> None:
+    """Each prompt set name, mixture or file can be read (`prompts.check_prompt_source`); with `single_turn`, none
+    is a set of dialogues (for a command that reads first turns alone)."""
     for source in sources:
         try:
             check_prompt_source(source, data_dir)
+            if single_turn:
+                check_single_turn(source)
         except (OSError, ValueError) as error:
             raise UsageError(str(error)) from None
 

@@ -40,7 +40,7 @@ def check(args: argparse.Namespace) -> None:
     for drafter in args.drafter:
         check_drafter(drafter)
     check_data_dir(args.data_dir)
-    check_prompt_sources([args.prompts], args.data_dir)
+    check_prompt_sources([args.prompts], args.data_dir, single_turn=True)
     check_writable("--output", args.output)
 
 

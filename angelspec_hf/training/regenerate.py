@@ -3,12 +3,14 @@
 
 Regeneration is the slow part of building a drafter on a CPU, so results are appended to a gzipped JSONL file as
 they are made: an interrupted run resumes where it stopped, and the file can be committed so a retrain skips it.
-Each line: `{"source", "prompt", "prompt_ids", "response_ids"}` (greedy target output, EOS included if reached).
+Each line: `{"source", "prompt", "prompt_ids", "response_ids"}` (greedy target output, EOS included if reached), with
+the `seed` of a sampled response and the `context` of a dialogue's later turn (`_digest` of the messages before it).
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import time
@@ -93,7 +95,11 @@ def regenerate_responses(
     tokens/s.
     """
     sampled = temperature > 0
-    key = (lambda r: (r["source"], r["prompt"], r.get("seed"))) if sampled else (lambda r: (r["source"], r["prompt"]))
+    key = (
+        (lambda r: (r["source"], r["prompt"], r.get("context"), r.get("seed")))
+        if sampled
+        else (lambda r: (r["source"], r["prompt"], r.get("context")))
+    )
     existing, truncated = _read_complete_records(output_path)
     if truncated:  # appending after a cut-off gzip member would hide every later record from readers
         _write_records(existing, output_path)
@@ -103,12 +109,14 @@ def regenerate_responses(
     for source in sources:
         for row in load_prompts(source, data_dir=data_dir, limit=limit_per_source):
             record = {"source": source, "prompt": row["prompt"]}
+            if row.get("history"):  # a later turn of a dialogue: the same words may follow other turns elsewhere
+                record["context"] = _digest(row["history"])
             if sampled:
                 record["seed"] = seed + index  # stable across resumptions: the prompt's place in `sources`
             index += 1
             if key(record) in done or not row["prompt"].strip() or normalize_prompt(row["prompt"]) in excluded:
                 continue
-            record["prompt_ids"] = encode_chat(tokenizer, row["prompt"])
+            record["prompt_ids"] = encode_chat(tokenizer, row["prompt"], row.get("history"))
             if len(record["prompt_ids"]) <= max_prompt_tokens:
                 todo.append(record)
     if not todo:
@@ -147,6 +155,11 @@ def regenerate_responses(
     answered = len(todo) - len(pending)
     print(f"{answered} responses, {tokens} tokens in {seconds:.0f} s: {tokens / seconds:.1f} tokens/s")
     return read_responses(output_path)
+
+
+def _digest(messages: list[dict]) -> str:
+    """A short stable name of a dialogue's earlier messages, telling apart later turns with the same words."""
+    return hashlib.sha1(json.dumps(messages, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _write_records(records: list[dict], output_path: str) -> None:
