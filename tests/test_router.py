@@ -16,7 +16,7 @@ from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, RouterDrafter, Suffix
 from angelspec_hf.generation.dcut import FREE_ROUND_GAIN
 from angelspec_hf.generation.draft_round import DraftRound
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
-from angelspec_hf.generation.routing import DELIVERY_PRIOR_ROUNDS, TRY_SHARE
+from angelspec_hf.generation.routing import DELIVERY_PRIOR_ROUNDS, TRY_SHARE, RoutingPolicy
 from angelspec_hf.generation.session import DecodingSession, routing_of
 from angelspec_hf.generation.verify_cost import VerifyCostModel
 
@@ -298,26 +298,47 @@ def test_switching_to_a_member_pays_for_its_catch_up_and_the_policy_adds_none():
 
 def test_a_catch_up_is_spread_over_the_rounds_the_request_has_left():
     """Reading is linear in the tokens read, so a member that drafts again in a request pays for every token it
-    skipped, whenever it switches: the catch-up is spread over the rounds left (tokens left over 1 + a). Charged to
-    the switching round alone it grew with every round another member drafted and kept MTP out of the request."""
+    skipped, whenever it switches: the catch-up is spread over the rounds left (the request's own tokens left over
+    1 + a). Charged to the switching round alone it grew with every round another member drafted and kept MTP out of
+    the request; spread over the batch's tokens left, a request near its end beside a long one would spread it over
+    rounds it does not have."""
     target, router, routing = priced_router(shared_index_max_tokens=0)
     routing.member_seconds, routing.member_read_seconds = [0.05, 0.1, 0.01], [0.002, 0.004, 0.5]
-    state = router.new_draft_state(1)
-    routing.admit(state, 0)
-    row = state.rows[0]
-    for own in row.members:
-        own.tries = False  # no tries: the records decide
-    row.members[0].accepted, row.members[0].verified = 1.0, {2: 1.0}
-    row.members[1].accepted, row.members[1].verified = 0.0, {1: 1.0}
+    state = router.new_draft_state(2)
+    for r, row in enumerate(state.rows):
+        routing.admit(state, r)
+        for own in row.members:
+            own.tries = False  # no tries: the records decide
+        row.members[0].accepted, row.members[0].verified = 1.0, {2: 1.0}
+        row.members[1].accepted, row.members[1].verified = 0.0, {1: 1.0}
+        row.members[0].tokens = list(range(1004))  # MTP skipped 1,000 tokens beyond its usual round of 1 + 3
     routing.bucket_record[2][0] = (0.2, {1: 1.0})  # the suffix member without a match: 1.2 tokens a round
-    row.members[0].tokens = list(range(1004))  # MTP skipped 1,000 tokens beyond its usual round of 1 + 3
-    assert routing.score(row, 0) == pytest.approx(2.0 / (0.05 + 1000 * 0.002 + 1.2))  # unknown: one round
-    routing.plan(state, tokens_left=400)  # 200 rounds of 1 + a = 2 tokens
-    assert routing.score(row, 0) == pytest.approx(2.0 / (0.05 + 1000 * 0.002 / 200 + 1.2))
-    assert row.plan[1][0] == 0  # worth its catch-up: MTP drafts
-    routing.plan(state, tokens_left=2)  # a round left: the catch-up is not repaid, the suffix member drafts
-    assert routing.score(row, 0) == pytest.approx(2.0 / (0.05 + 1000 * 0.002 + 1.2))
-    assert row.plan[1][0] == 2
+    long, ending = state.rows
+    assert routing.score(long, 0) == pytest.approx(2.0 / (0.05 + 1000 * 0.002 + 1.2))  # unknown: one round
+    routing.plan(state, tokens_left=[400, 2])  # 200 rounds of 1 + a = 2 tokens; one round
+    assert routing.score(long, 0) == pytest.approx(2.0 / (0.05 + 1000 * 0.002 / 200 + 1.2))
+    assert long.plan[1][0] == 0, "worth its catch-up: MTP drafts the long request"
+    assert routing.score(ending, 0) == pytest.approx(2.0 / (0.05 + 1000 * 0.002 + 1.2))
+    assert ending.plan[1][0] == 2, "a round left: the catch-up is not repaid, the suffix member drafts"
+
+
+def test_the_engine_spreads_each_requests_catch_up_over_its_own_tokens_left(monkeypatch):
+    target, router, _ = priced_router()
+    engine = SpeculativeEngine(target, router, policy="constant", max_batch_size=2)
+    seen = []
+    plan = RoutingPolicy.plan
+
+    def spy(self, state, pending=None, tokens_left=None):
+        seen.append(list(tokens_left))
+        return plan(self, state, pending, tokens_left)
+
+    monkeypatch.setattr(RoutingPolicy, "plan", spy)
+    engine.generate(
+        [Request([1, 2, 3], max_new_tokens=12, eos_token_id=[]), Request([4, 5], max_new_tokens=5, eos_token_id=[])]
+    )
+    first = seen[0]
+    assert first == [12 - 1 - 1, 5 - 1 - 1], "after each prefill's token, each request's own tokens left"
+    assert all(len(left) in (1, 2) for left in seen) and max(max(left) for left in seen) <= 10
 
 
 def test_a_matching_suffix_member_drafts_even_where_its_bucket_record_loses_and_its_cut_decides():

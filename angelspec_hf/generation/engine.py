@@ -462,7 +462,11 @@ class SpeculativeEngine:
     def _draft_all(self, no_drafts):
         budget = max(row.remaining for row in self.rows) - 1
         count = self.session.draft_count(
-            self.draft_state, [row.policy_row for row in self.rows], budget, [row.pending_tokens for row in self.rows]
+            self.draft_state,
+            [row.policy_row for row in self.rows],
+            budget,
+            [row.pending_tokens for row in self.rows],
+            tokens_left=[row.remaining - 1 for row in self.rows],
         )
         if count == 0:
             self.stats.skipped_drafts += budget > 0

@@ -17,8 +17,8 @@ does not run: the verified tokens wait for it and it reads them all when next ch
 time per token read beyond a usual round's, times the tokens waiting) is paid by the round that switches to it; a
 member that reads for free (suffix) has none. Reading is linear in the tokens read, so a member that drafts again
 at all in a request pays for reading every token it skipped, whenever it switches: the catch-up is spread over the
-rounds the request has left (its tokens left over the member's 1 + a_rm, as the verify policy spreads a single
-drafter's). Charged to the switching round alone, it grew with every round another member drafted and kept the
+rounds the request has left (its own tokens left over the member's 1 + a_rm, as the verify policy spreads a
+single drafter's). Charged to the switching round alone, it grew with every round another member drafted and kept the
 MTP member out of the rest of a long request once the suffix member had drafted a while. The policy's promise to
 the verify policy counts it, so the verify policy adds no catch-up price of its own. A request tries every member
 once, and again each
@@ -115,7 +115,6 @@ class RoutingPolicy:
         self.bucket_rounds: list[dict[int, int]] = [{} for _ in range(count)]  # rounds averaged into each record
         self.try_backoff = [0] * count  # new requests a member sits out after a lost try (doubling)
         self.try_wait = [0] * count  # new requests still to pass before the member's next try
-        self.tokens_left: int | None = None  # most tokens the batch may still decode this round (None: unknown)
 
     def score(self, row, m: int, bucket: int | None = None, pending: int = 0, rows: int = 1) -> float:
         """Expected tokens per second of a round drafted by member m for this request (module docstring), its
@@ -123,16 +122,17 @@ class RoutingPolicy:
         a batch of `rows` requests; for a member with an outlook, a_m and n_m are its record at this outlook's
         bucket."""
         accepted, verified = self.record(row, m, bucket)
-        catch_up = self.catch_up_seconds_of(m, len(row.members[m].tokens) + pending) / self.rounds_left(accepted)
+        catch_up = self.catch_up_seconds_of(m, len(row.members[m].tokens) + pending) / self.rounds_left(row, accepted)
         accepted = (1 + accepted) * self.delivery(m) - 1
         return self._rate(accepted, verified, (self.member_seconds[m] or 0.0) + catch_up, rows)
 
-    def rounds_left(self, accepted: float) -> float:
-        """The rounds a request has left to spread a catch-up over when its member accepts `accepted` drafts per
-        round: the batch's `tokens_left` over 1 + a (at least one; one when unknown)."""
-        if self.tokens_left is None:
+    @staticmethod
+    def rounds_left(row, accepted: float) -> float:
+        """The rounds request `row` has left to spread a catch-up over when its member accepts `accepted` drafts per
+        round: its `tokens_left` over 1 + a (at least one; one when unknown)."""
+        if row.tokens_left is None:
             return 1.0
-        return max(1.0, self.tokens_left / (1 + accepted))
+        return max(1.0, row.tokens_left / (1 + accepted))
 
     def record(self, row, m: int, bucket: int | None = None) -> tuple[float, dict[int, float]]:
         """Member m's record on this request, (a_rm, the law of n_rm); for a member with an outlook, its record at
@@ -266,7 +266,9 @@ class RoutingPolicy:
             m = max(matched, key=scores.__getitem__)
         return m, looks[m], False
 
-    def plan(self, state, pending: list[list[int]] | None = None, tokens_left: int | None = None) -> float | None:
+    def plan(
+        self, state, pending: list[list[int]] | None = None, tokens_left: list[int] | None = None
+    ) -> float | None:
         """Choose each request's member for the coming round (`RouterRow.plan`, which the router's `propose`
         drafts with) and return what the round promises: the mean over requests of g = 1 − r_0 / score(r, m_r),
         r_0 = 1 / t_v(1) the rate without drafts and m_r the request's choice, what drafting each request with it
@@ -275,11 +277,12 @@ class RoutingPolicy:
         over its outlook bucket, while D-cut cuts each round by the calibrated confidence of its own drafts,
         verifying none where they would not pay: the cut, not the record, decides (the suffix drafter alone drafts
         so, and beat the router that skipped by its records on six of eight Spec-Bench-style domains).
-        `pending[r]`: tokens request r verified since the router last drafted; `tokens_left`: most tokens the batch
-        may still decode (catch-ups are spread over them). The promise is None without a profile."""
+        `pending[r]`: tokens request r verified since the router last drafted; `tokens_left[r]`: most tokens
+        request r may still decode (its catch-ups are spread over them). The promise is None without a profile."""
         if not state.rows:
             return None
-        self.tokens_left = tokens_left
+        for row, left in zip(state.rows, tokens_left or [None] * len(state.rows)):
+            row.tokens_left = left
         self._learn_drafting_times(state)
         if self.cost_model is not None:
             self._time_round(state)

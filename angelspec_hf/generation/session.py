@@ -88,11 +88,20 @@ class DecodingSession:
     def new_row(self) -> RowState:
         return self.policy.new_row()
 
-    def draft_count(self, state, rows: Sequence[RowState], budget: int, pending: list[list[int]]) -> int:
+    def draft_count(
+        self,
+        state,
+        rows: Sequence[RowState],
+        budget: int,
+        pending: list[list[int]],
+        tokens_left: list[int] | None = None,
+    ) -> int:
         """Most tokens to draft this round (0: skip it) for `rows`, whose `pending[r]` verified tokens the drafter
-        has not read; a router's routing policy first chooses each row's member and promises the round's saving."""
+        has not read, `budget` the most any row may still add; a router's routing policy first chooses each row's
+        member (a catch-up spread over `tokens_left[r]`, row r's own tokens left; `budget` for every row when not
+        given) and promises the round's saving."""
         if self.routing:
-            promised = self.routing.plan(state, pending, tokens_left=budget)
+            promised = self.routing.plan(state, pending, tokens_left=tokens_left or [budget] * len(rows))
         else:
             promised = self.drafter.promised_gain(state, pending)
         backlog = max((len(tokens) for tokens in pending), default=0)

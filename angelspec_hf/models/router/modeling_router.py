@@ -106,6 +106,7 @@ class RouterRow:
     # that reads up to `read` tokens, which `propose` drafts with
     plan: tuple | None = None
     promised: float | None = None  # 1 + a_rm: the tokens its last drafting round's member promised when chosen
+    tokens_left: int | None = None  # most tokens the request may still decode this round (None: unknown)
 
 
 class RouterDraftState:
