@@ -164,6 +164,14 @@ class RaggedCache:
             layer.keys, layer.values = layer.keys[rows], layer.values[rows]
         self.valid = self.valid[rows]
 
+    def copy(self) -> "RaggedCache":
+        """An independent copy, every tensor cloned (a kept prefill handed to another request)."""
+        twin = RaggedCache(0, self.valid.device)
+        twin.valid = self.valid.clone()
+        for index, layer in enumerate(self.written_layers()):
+            twin.cache.update(layer.keys.clone(), layer.values.clone(), index)
+        return twin
+
     def split_rows(self, rows: torch.LongTensor) -> "RaggedCache":
         """Move `rows` (in that order) out into a cache of their own; this one keeps its other rows, in order."""
         rows = rows.to(self.valid.device)

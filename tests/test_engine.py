@@ -86,6 +86,60 @@ def test_batched_autoregressive_baseline_matches_generate():
     assert [o.output_ids for o in outputs] == [references[r.request_id] for r in requests]
 
 
+@pytest.mark.parametrize("kind", ["mtp", "dfly"])
+def test_samples_of_one_prompt_share_its_prefill_and_each_is_what_it_would_be_alone(kind, dcut_always_drafts):
+    """Several samples of a prompt (best-of-n, rollouts): with kept prefills each prompt is prefilled once, and every
+    output — greedy, or sampled with its seed as an API's `seed` promises (`reproducible`: otherwise the draws depend
+    on what was drafted) — is the one the engine gives without them, token for token."""
+    target = make_target("llama", num_hidden_layers=2)
+    prompts = [r.input_ids for r in mixed_requests(target.config.vocab_size, count=3, seed=7)]
+    requests = [
+        Request(prompt, max_new_tokens=12, do_sample=sample > 0, seed=100 * sample + p, reproducible=sample > 0)
+        for p, prompt in enumerate(prompts)
+        for sample in range(4)
+    ]
+
+    def served(prompt_cache_tokens):
+        drafter = make_drafter(kind, target, oracle=False)
+        engine = SpeculativeEngine(
+            target,
+            drafter,
+            max_batch_size=3,
+            cost_model=flat_cost_model(),
+            prompt_cache_tokens=prompt_cache_tokens,
+        )
+        return engine.generate(requests), engine.stats
+
+    plain, plain_stats = served(0)
+    shared, shared_stats = served(2 * max(len(prompt) for prompt in prompts))
+    assert [o.output_ids for o in shared] == [o.output_ids for o in plain]
+    assert plain_stats.reused_prefills == 0 and shared_stats.reused_prefills == len(requests) - len(prompts)
+    assert sum(sum(o.stats.accepted) for o in shared) > 0, "drafts were verified"
+    assert len({tuple(o.output_ids) for o in shared}) > len(prompts), "the samples differ"
+
+
+def test_kept_prefills_stay_within_their_token_budget_least_recent_first():
+    from angelspec_hf.cache_utils import RaggedCache
+    from angelspec_hf.generation.engine import PromptPrefills
+
+    kept = PromptPrefills(max_tokens=10)
+    cache = RaggedCache(1)
+    cache.append(torch.ones(1, 4, dtype=torch.bool))
+    logits = torch.zeros(1, 8)
+    kept.put((1, 2, 3, 4), cache, logits, None)
+    kept.put((5, 6, 7), cache, logits, None)
+    assert kept.get((1, 2, 3, 4)) is not None  # now the most recent
+    kept.put((8, 9, 10, 11), cache, logits, None)  # 11 tokens: the least recent, (5, 6, 7), leaves
+    assert kept.get((5, 6, 7)) is None and kept.tokens == 8
+    kept.put(tuple(range(11)), cache, logits, None)  # longer than the whole budget: not kept
+    assert kept.tokens == 8
+    copy = kept.get((8, 9, 10, 11))[0]
+    copy.valid[0, 0] = False
+    assert kept.get((8, 9, 10, 11))[0].valid.all(), "each request gets its own copy"
+    with pytest.raises(ValueError, match="prompt_cache_tokens must be a non-negative integer"):
+        SpeculativeEngine(make_target("llama", num_hidden_layers=1), prompt_cache_tokens=-1)
+
+
 def test_cancelled_requests_leave_the_queue_and_the_batch_and_the_others_are_unchanged(dcut_always_drafts):
     """A server's client going away: a running and a waiting request cancelled between steps."""
     target = make_target("llama", num_hidden_layers=2)

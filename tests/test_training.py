@@ -117,6 +117,23 @@ def test_a_dialogues_later_turns_are_regenerated_after_the_turns_before_them(cha
     assert again == records, "resumed: every turn already answered"
 
 
+def test_several_seeds_are_several_sampled_passes_in_one_run(chat_target, smollm2_tokenizer, tmp_path):
+    kwargs = dict(limit_per_source=3, max_new_tokens=8, batch_size=2, temperature=1.0)
+    apart = []
+    for seed in (100, 200):
+        apart += regenerate_responses(
+            chat_target, smollm2_tokenizer, ["alpaca_eval"], str(tmp_path / f"{seed}.jsonl.gz"), seed=seed, **kwargs
+        )
+    together = regenerate_responses(
+        chat_target, smollm2_tokenizer, ["alpaca_eval"], str(tmp_path / "both.jsonl.gz"), seed=[100, 200], **kwargs
+    )
+    assert sorted(r["seed"] for r in together) == [100, 101, 102, 200, 201, 202]
+    by_seed = {r["seed"]: r for r in apart}
+    for record in together:  # the same responses, a prompt's two samples made from one prefill
+        assert record == by_seed[record["seed"]]
+    assert len({tuple(r["response_ids"]) for r in together}) > 3
+
+
 def test_regeneration_skips_the_prompts_of_excluded_sets(chat_target, smollm2_tokenizer, tmp_path):
     path = str(tmp_path / "excluded.jsonl.gz")
     kwargs = dict(limit_per_source=2, max_new_tokens=4, batch_size=2)

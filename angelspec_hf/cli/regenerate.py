@@ -24,12 +24,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--temperature", type=temperature, default=0.0, help="0 (default): greedy; > 0: sampled, one seed per prompt"
     )
-    parser.add_argument("--seed", type=int, default=0, help="first sampling seed (prompt i gets seed + i)")
+    parser.add_argument(
+        "--seed",
+        type=seeds,
+        default=[0],
+        help="first sampling seed (prompt i gets seed + i); several, comma-separated, are several passes in one run "
+        "(a prompt's samples share its prefill)",
+    )
     parser.add_argument(
         "--exclude",
         default=None,
         help="prompt sets (comma-separated, e.g. the evaluation sets) whose prompts are skipped",
     )
+
+
+def seeds(text: str) -> list[int]:
+    """`--seed`: one integer or several, comma-separated."""
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or comma-separated integers, got {text!r}") from None
 
 
 def check(args: argparse.Namespace) -> None:

@@ -3,7 +3,8 @@
 transformers' `generate()` runs speculative decoding one sequence at a time. This engine serves many requests at
 once on plain transformers models and caches, one round at a time:
 
-    admit   waiting requests join while the batch has room (prefilled on their own, then merged in)
+    admit   waiting requests join while the batch has room (prefilled on their own, then merged in; a prompt
+            prefilled a moment ago is not prefilled again, `PromptPrefills`)
     draft   the drafter reads the tokens verified since it last ran and proposes for every row in one batched
             call (its cache is ragged like the target's), as many as the verify policy (`policies.py`) asks;
             skipped when D-cut expects no draft to pay this round
@@ -27,7 +28,7 @@ import hashlib
 import numbers
 import os
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -95,6 +96,7 @@ class EngineStats:
     peak_cache_bytes: int = 0
     peak_rss_bytes: int = 0
     skipped_drafts: int = 0  # rounds in which the policy (D-cut) decided that no draft could pay for its verification
+    reused_prefills: int = 0  # requests whose prompt's prefill was kept from an earlier request (`PromptPrefills`)
     round_seconds: list[tuple[float, float, float]] = field(default_factory=list)  # (forward, drafting, whole round)
 
     def round_profile(self) -> dict | None:
@@ -131,6 +133,36 @@ class _Row:
             if self.remaining <= 0:
                 self.output.finish_reason = "length"
                 return
+
+
+class PromptPrefills:
+    """The prefills of recent prompts (KV cache, last logits, tapped hidden states), kept for a later request with
+    the same prompt: the samples of one prompt (best-of-n, reinforcement-learning rollouts, a sampled regeneration's
+    passes) then pay one prefill between them. A prefill depends on the prompt's tokens alone, so a kept one is the
+    one the request would compute: outputs do not change. At most `max_tokens` prompt tokens are kept, the least
+    recently used prompts leaving first. (Written here: transformers' prefix caching is for one `generate()` call.)"""
+
+    def __init__(self, max_tokens: int):
+        self.max_tokens = max_tokens
+        self.kept: OrderedDict[tuple[int, ...], tuple] = OrderedDict()
+        self.tokens = 0
+
+    def get(self, prompt: tuple[int, ...]) -> tuple | None:
+        """(cache, last logits, tapped hidden states) of `prompt`'s prefill, or None; the cache is the caller's copy."""
+        kept = self.kept.get(prompt)
+        if kept is None:
+            return None
+        self.kept.move_to_end(prompt)
+        cache, logits, hidden = kept
+        return cache.copy(), logits, hidden
+
+    def put(self, prompt: tuple[int, ...], cache: RaggedCache, logits: torch.Tensor, hidden) -> None:
+        if not 0 < len(prompt) <= self.max_tokens or prompt in self.kept:
+            return
+        self.kept[prompt] = (cache.copy(), logits, hidden)
+        self.tokens += len(prompt)
+        while self.tokens > self.max_tokens:
+            self.tokens -= len(self.kept.popitem(last=False)[0])
 
 
 def kv_bytes_per_token(target) -> int:
@@ -177,6 +209,8 @@ class SpeculativeEngine:
             requests wait in the queue while admitting them would exceed it.
         cost_model: D-cut's verify-cost profile (default: this machine's, profiled and cached on first use).
         past_context: serve requests longer than the target's `max_position_embeddings` (refused by default).
+        prompt_cache_tokens: most prompt tokens whose prefills are kept for later requests with the same prompt
+            (`PromptPrefills`; 0, the default: none).
     """
 
     def __init__(
@@ -189,9 +223,12 @@ class SpeculativeEngine:
         cost_model=None,
         tokenizer=None,
         past_context: bool = False,
+        prompt_cache_tokens: int = 0,
     ):
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
+        if not isinstance(prompt_cache_tokens, int) or prompt_cache_tokens < 0:
+            raise ValueError(f"prompt_cache_tokens must be a non-negative integer, got {prompt_cache_tokens!r}")
         if memory_budget_bytes is not None and memory_budget_bytes <= 0:
             raise ValueError(
                 f"memory_budget_bytes must be positive (None: half the free memory), got {memory_budget_bytes}"
@@ -230,6 +267,7 @@ class SpeculativeEngine:
         self.rows: list[_Row] = []
         self.cache = RaggedCache(0, self.device)
         self.draft_state = self.drafter.new_draft_state(0) if self.drafter is not None else None
+        self.prompt_prefills = PromptPrefills(prompt_cache_tokens) if prompt_cache_tokens else None
 
     # -- public API -----------------------------------------------------------------------------------------------
 
@@ -398,21 +436,31 @@ class SpeculativeEngine:
             generator.manual_seed(int(request.seed) if request.seed is not None else torch.seed())
         policy_row = self.session.new_row() if self.session is not None else None
         row = _Row(request, output, eos, _processors(request), generator, next_token=-1, policy_row=policy_row)
-        cache = RaggedCache(1, self.device)
-        ids = torch.tensor([request.input_ids], device=self.device)
-        cache.append(torch.ones_like(ids, dtype=torch.bool))
-        out = self.target(
-            input_ids=ids,
-            attention_mask=cache.valid.long(),
-            **with_cache(cache.cache),
-            use_cache=True,
-            output_hidden_states=self.hidden_indices or False,  # only the tapped layers are kept
-            logits_to_keep=1,
-        )
-        token = int(self._sample(row, out.logits[0, -1:].float())[0])
+        prompt = tuple(request.input_ids)
+        kept = self.prompt_prefills.get(prompt) if self.prompt_prefills is not None else None
+        if kept is None:
+            cache = RaggedCache(1, self.device)
+            ids = torch.tensor([request.input_ids], device=self.device)
+            cache.append(torch.ones_like(ids, dtype=torch.bool))
+            out = self.target(
+                input_ids=ids,
+                attention_mask=cache.valid.long(),
+                **with_cache(cache.cache),
+                use_cache=True,
+                output_hidden_states=self.hidden_indices or False,  # only the tapped layers are kept
+                logits_to_keep=1,
+            )
+            logits = out.logits[0, -1:].float()
+            hidden = tuple(out.hidden_states[i][0] for i in self.hidden_indices) if self.drafter is not None else None
+            if self.prompt_prefills is not None:
+                self.prompt_prefills.put(prompt, cache, logits, hidden)
+        else:
+            cache, logits, hidden = kept
+            self.stats.reused_prefills += 1
+        token = int(self._sample(row, logits.clone())[0])
         row.next_token = token
         if self.drafter is not None:
-            row.pending_hidden = [tuple(out.hidden_states[i][0] for i in self.hidden_indices)]
+            row.pending_hidden = [hidden]
             row.pending_tokens = list(request.input_ids[1:]) + [token]
         row.emit([token])
         self.stats.phase_seconds["prefill"] += time.perf_counter() - start

@@ -80,7 +80,7 @@ def regenerate_responses(
     max_new_tokens: int = 256,
     batch_size: int = 16,
     temperature: float = 0.0,
-    seed: int = 0,
+    seed: int | Sequence[int] = 0,
     exclude: Sequence[str] = (),
     deadline: float | None = None,
 ) -> list[dict]:
@@ -90,7 +90,9 @@ def regenerate_responses(
     Decoding runs on the batched engine (no drafter): `batch_size` requests at once, a finished one replaced by the
     next waiting prompt (continuous refill). Greedy by default; with `temperature > 0` each response is sampled with
     its own seed (`seed` plus its index), recorded with it, so sampled passes with other seeds add new responses.
-    Prompts already answered (same source, prompt and seed) are skipped: an interrupted run resumes. With `deadline`
+    Several seeds are several passes in one run, a prompt's samples queued together so that they share one prefill
+    (the engine's `PromptPrefills`). Prompts already answered (same source, prompt and seed) are skipped: an
+    interrupted run resumes. With `deadline`
     (a `time.monotonic()` value) it stops there, keeping every response finished by then. Prints the generated
     tokens/s.
     """
@@ -105,24 +107,28 @@ def regenerate_responses(
         _write_records(existing, output_path)
     done = {key(record) for record in existing if sampled == ("seed" in record)}
     excluded = prompts_of(list(exclude), data_dir=data_dir)
+    seeds = ([seed] if isinstance(seed, int) else list(seed)) if sampled else [None]
     todo, index = [], 0
     for source in sources:
         for row in load_prompts(source, data_dir=data_dir, limit=limit_per_source):
-            record = {"source": source, "prompt": row["prompt"]}
+            base = {"source": source, "prompt": row["prompt"]}
             if row.get("history"):  # a later turn of a dialogue: the same words may follow other turns elsewhere
-                record["context"] = _digest(row["history"])
-            if sampled:
-                record["seed"] = seed + index  # stable across resumptions: the prompt's place in `sources`
+                base["context"] = _digest(row["history"])
+            # a sampled response's seed is stable across resumptions: its pass's seed plus the prompt's place
+            records = [base if first is None else {**base, "seed": first + index} for first in seeds]
             index += 1
-            if key(record) in done or not row["prompt"].strip() or normalize_prompt(row["prompt"]) in excluded:
+            records = [record for record in records if key(record) not in done]
+            if not records or not row["prompt"].strip() or normalize_prompt(row["prompt"]) in excluded:
                 continue
-            record["prompt_ids"] = encode_chat(tokenizer, row["prompt"], row.get("history"))
-            if len(record["prompt_ids"]) <= max_prompt_tokens:
-                todo.append(record)
+            prompt_ids = encode_chat(tokenizer, row["prompt"], row.get("history"))
+            if len(prompt_ids) <= max_prompt_tokens:
+                todo += [{**record, "prompt_ids": prompt_ids} for record in records]
     if not todo:
         return read_responses(output_path)
     os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
-    engine = SpeculativeEngine(target, max_batch_size=batch_size)
+    engine = SpeculativeEngine(
+        target, max_batch_size=batch_size, prompt_cache_tokens=2 * max_prompt_tokens if len(seeds) > 1 else 0
+    )
     sampling = {"do_sample": True, "temperature": temperature} if sampled else {}
     pending = [
         (
