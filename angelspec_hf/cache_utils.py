@@ -7,7 +7,8 @@ the moment they were written, so holes change nothing but the mask; position ids
 `compact()` squeezes the holes out once they waste more than half the columns.
 
 transformers' `DynamicCache` stores the tensors (the model's own layers update it); this class only tracks
-validity and does the row surgery (drop finished rows, append joining rows) that a fixed-batch cache lacks.
+validity and does the row surgery (drop finished rows, append joining rows) that a fixed-batch cache lacks. Its
+layers (`GrowingLayer`) write a forward's new columns into spare ones instead of copying the whole cache.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import inspect
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 
 @functools.cache
@@ -82,11 +84,57 @@ def last_valid(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return values.gather(1, index.expand(-1, 1, *values.shape[2:]))
 
 
+class GrowingLayer(DynamicLayer):
+    """A `DynamicLayer` whose keys and values are the first columns of buffers with spare columns: a forward's new
+    columns are written into the spare ones, where `DynamicLayer` concatenates (copies) the whole cache at every
+    forward, the largest single cost of a batched engine step (docs/experiments.md, "Regeneration"). Keys and
+    values set from outside (rows selected, joined or compacted) are taken as they are and get spare columns at the
+    next write; a crop keeps the buffers, so the next write reuses the cropped columns."""
+
+    spare_columns = 64
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized or self.keys.dim() != 4:
+            return super().update(key_states, value_states, *args, **kwargs)
+        width, new = self.keys.shape[2], key_states.shape[2]
+        if not self._has_room(width + new):
+            self._key_buffer, self._value_buffer = (self._with_room(t, width + new) for t in (self.keys, self.values))
+        self._key_buffer[:, :, width : width + new] = key_states
+        self._value_buffer[:, :, width : width + new] = value_states
+        self.keys = self._key_buffer[:, :, : width + new]
+        self.values = self._value_buffer[:, :, : width + new]
+        return self.keys, self.values
+
+    def _has_room(self, width: int) -> bool:
+        """Are the keys and values still the first columns of this layer's buffers, which hold `width` columns?"""
+        buffers = getattr(self, "_key_buffer", None), getattr(self, "_value_buffer", None)
+        return all(
+            buffer is not None
+            and current.data_ptr() == buffer.data_ptr()
+            and current.stride() == buffer.stride()
+            and current.shape[:2] == buffer.shape[:2]
+            and width <= buffer.shape[2]
+            for current, buffer in zip((self.keys, self.values), buffers)
+        )
+
+    def _with_room(self, tensor: torch.Tensor, width: int) -> torch.Tensor:
+        buffer = tensor.new_empty(*tensor.shape[:2], width + self.spare_columns, tensor.shape[-1])
+        buffer[:, :, : tensor.shape[2]] = tensor
+        return buffer
+
+
+def growing_cache() -> DynamicCache:
+    """A `DynamicCache` of `GrowingLayer`s (its layers are made as the model first writes them)."""
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = GrowingLayer
+    return cache
+
+
 class RaggedCache:
     """A `DynamicCache` plus `valid` [B, W]: whether column c of row r holds a token of that row's sequence."""
 
     def __init__(self, batch_size: int, device: torch.device | str = "cpu"):
-        self.cache = DynamicCache()
+        self.cache = growing_cache()
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
 
     @property
@@ -157,7 +205,7 @@ class RaggedCache:
     def select_rows(self, rows: torch.LongTensor) -> None:
         """Keep only `rows` (in that order): finished requests leave the batch."""
         if not rows.numel():  # nobody left: start afresh
-            self.cache, self.valid = DynamicCache(), self.valid.new_zeros(0, 0)
+            self.cache, self.valid = growing_cache(), self.valid.new_zeros(0, 0)
             return
         rows = rows.to(self.valid.device)
         for layer in self.written_layers():  # not `DynamicCache.batch_select_indices`: it skips zero-column layers
