@@ -36,6 +36,14 @@ def positive_int_list(text: str) -> str:
     return ",".join(str(int(item)) for item in items)
 
 
+def int_list(text: str) -> list[int]:
+    """One integer or several, comma-separated (e.g. `1000,5000`)."""
+    try:
+        return [_int(item) for item in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected an integer or comma-separated integers, got {text!r}") from None
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)

@@ -5,9 +5,9 @@ a user elsewhere would load instead. A set is read from the first of: the `--dat
 `$ANGELSPEC_DATA_DIR`), the copy shipped in the package (the evaluation sets the commands default to: MT-bench,
 Spec-Bench, Arena-Hard, GSM8K test, MBPP; `angelspec_hf/data/prompts`, licence and source in a `SOURCE.md` each),
 the Hub. Each record becomes `{"prompt": str, "category": str}`: the first user turn; a multi-turn set (`turns`)
-makes one row per later user turn instead, with the dialogue's earlier messages as its `history`. A prompt file of one's own
-(JSON lines) is read and checked record by record here (`read_prompt_file`), so a malformed one is reported by line
-before any model loads.
+makes one row per later user turn instead, with the dialogue's earlier messages as its `history`. A prompt file of
+one's own (JSON lines) is read and checked record by record here (`read_prompt_file`), so a malformed one is
+reported by line before any model loads.
 """
 
 from __future__ import annotations
@@ -243,9 +243,10 @@ def source_parts(source: str) -> list[str]:
 def check_prompt_source(source: str, data_dir: str | None = None) -> None:
     """Raise ValueError unless every part of `source` is a known prompt set or a well-formed prompt file, and
     FileNotFoundError when a set can be read from nowhere (`check_prompt_set_available`)."""
-    if len(source_parts(source)) > 1:
-        _check_no_dialogues_mixed(source_parts(source))
-    for part in source_parts(source):
+    parts = source_parts(source)
+    if len(parts) > 1:
+        _refuse_dialogues(parts, "load it on its own")
+    for part in parts:
         if os.path.isfile(part):
             read_prompt_file(part)
         elif part.partition(":")[0] not in PROMPT_SETS:
@@ -338,7 +339,7 @@ def load_prompts(source: str, data_dir: str | None = None, limit: int | None = N
 
     parts = source_parts(source)
     if len(parts) > 1:
-        _check_no_dialogues_mixed(parts)
+        _refuse_dialogues(parts, "load it on its own")  # rows with and without a history make no one Dataset
         prompts = datasets.interleave_datasets(  # round robin until the shortest part runs out
             [load_prompts(part, data_dir=data_dir) for part in parts]
         )
@@ -374,21 +375,18 @@ def _is_multi_turn(source: str) -> bool:
     return spec is not None and spec.turns is not None
 
 
-def _check_no_dialogues_mixed(parts: list[str]) -> None:
-    """Rows with a history and rows without do not make one `datasets.Dataset`."""
+def _refuse_dialogues(parts: list[str], why: str) -> None:
+    """Raise ValueError, ending in `why`, if one of `parts` is a set of dialogues."""
     for part in parts:
         if _is_multi_turn(part):
-            raise ValueError(f"{part} is a set of dialogues (prompts with a history): load it on its own")
+            raise ValueError(f"{part} is a set of dialogues (prompts with a history): {why}")
 
 
 def check_single_turn(source: str) -> None:
     """Raise ValueError if `source` holds multi-turn prompts, for a consumer that reads the `prompt` column alone."""
-    for part in source_parts(source):
-        if _is_multi_turn(part):
-            raise ValueError(
-                f"{part} is a set of dialogues (prompts with a history): benchmarks take single-turn prompts; "
-                "regenerate and batch read the history"
-            )
+    _refuse_dialogues(
+        source_parts(source), "benchmarks take single-turn prompts; regenerate and batch read the history"
+    )
 
 
 def _load_set(source: str, data_dir: str | None) -> datasets.Dataset:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..arguments import add_target_arguments, load_target_from_args, positive_int, temperature
+from ..arguments import add_target_arguments, int_list, load_target_from_args, positive_int, temperature
 from .common import check_data_dir, check_prompt_sources, check_target_arguments, check_writable
 
 
@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--seed",
-        type=seeds,
+        type=int_list,
         default=[0],
         help="first sampling seed (prompt i gets seed + i); several, comma-separated, are several passes in one run "
         "(a prompt's samples share its prefill)",
@@ -36,14 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="prompt sets (comma-separated, e.g. the evaluation sets) whose prompts are skipped",
     )
-
-
-def seeds(text: str) -> list[int]:
-    """`--seed`: one integer or several, comma-separated."""
-    try:
-        return [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or comma-separated integers, got {text!r}") from None
 
 
 def check(args: argparse.Namespace) -> None:

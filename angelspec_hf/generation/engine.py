@@ -508,13 +508,14 @@ class SpeculativeEngine:
         return False
 
     def _draft_all(self, no_drafts):
-        budget = max(row.remaining for row in self.rows) - 1
+        tokens_left = [row.remaining - 1 for row in self.rows]
+        budget = max(tokens_left)
         count = self.session.draft_count(
             self.draft_state,
             [row.policy_row for row in self.rows],
             budget,
             [row.pending_tokens for row in self.rows],
-            tokens_left=[row.remaining - 1 for row in self.rows],
+            tokens_left=tokens_left,
         )
         if count == 0:
             self.stats.skipped_drafts += budget > 0
