@@ -8,7 +8,8 @@ the moment they were written, so holes change nothing but the mask; position ids
 
 transformers' `DynamicCache` stores the tensors (the model's own layers update it); this class only tracks
 validity and does the row surgery (drop finished rows, append joining rows) that a fixed-batch cache lacks. Its
-layers (`GrowingLayer`) write a forward's new columns into spare ones instead of copying the whole cache.
+layers (`GrowingLayer`) keep keys and values in buffers with spare rows and columns, so a forward's new columns,
+rows joining and rows leaving are written in place instead of copying the whole cache.
 """
 
 from __future__ import annotations
@@ -85,41 +86,88 @@ def last_valid(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 
 class GrowingLayer(DynamicLayer):
-    """A `DynamicLayer` whose keys and values are the first columns of buffers with spare columns: a forward's new
-    columns are written into the spare ones, where `DynamicLayer` concatenates (copies) the whole cache at every
-    forward, the largest single cost of a batched engine step (docs/experiments.md, "Regeneration"). Keys and
-    values set from outside (rows selected, joined or compacted) are taken as they are and get spare columns at the
+    """A `DynamicLayer` whose keys and values are the first rows and columns of larger buffers. A forward's new columns
+    are written into spare columns, where `DynamicLayer` concatenates (copies) the whole cache at every forward, the
+    largest single cost of a batched engine step (docs/experiments.md, "Regeneration"). Rows leaving or joining the
+    batch are moved or written in place too: only the rows that change slot are copied, not the batch. Keys and
+    values set from outside (a compaction, a merge that did not fit) are taken as they are and get buffers at the
     next write; a crop keeps the buffers, so the next write reuses the cropped columns."""
 
     spare_columns = 64
 
+    def __init__(self):
+        super().__init__()
+        self.row_capacity = 0  # the most rows this layer has held: its buffers keep room for as many
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized or self.keys.dim() != 4:
             return super().update(key_states, value_states, *args, **kwargs)
-        width, new = self.keys.shape[2], key_states.shape[2]
-        if not self._has_room(width + new):
-            self._key_buffer, self._value_buffer = (self._with_room(t, width + new) for t in (self.keys, self.values))
-        self._key_buffer[:, :, width : width + new] = key_states
-        self._value_buffer[:, :, width : width + new] = value_states
-        self.keys = self._key_buffer[:, :, : width + new]
-        self.values = self._value_buffer[:, :, : width + new]
+        rows, width, new = self.keys.shape[0], self.keys.shape[2], key_states.shape[2]
+        if not self.holds(rows, width + new):
+            self._reserve(width + new)
+        self._key_buffer[:rows, :, width : width + new] = key_states
+        self._value_buffer[:rows, :, width : width + new] = value_states
+        self._view(rows, width + new)
         return self.keys, self.values
 
-    def _has_room(self, width: int) -> bool:
-        """Are the keys and values still the first columns of this layer's buffers, which hold `width` columns?"""
+    def holds(self, rows: int, width: int) -> bool:
+        """Are the keys and values the first rows and columns of this layer's buffers, which have room for `rows`
+        rows of `width` columns?"""
         buffers = getattr(self, "_key_buffer", None), getattr(self, "_value_buffer", None)
         return all(
             buffer is not None
             and current.data_ptr() == buffer.data_ptr()
             and current.stride() == buffer.stride()
-            and current.shape[:2] == buffer.shape[:2]
+            and current.shape[1] == buffer.shape[1]
+            and rows <= buffer.shape[0]
             and width <= buffer.shape[2]
             for current, buffer in zip((self.keys, self.values), buffers)
         )
 
-    def _with_room(self, tensor: torch.Tensor, width: int) -> torch.Tensor:
-        buffer = tensor.new_empty(*tensor.shape[:2], width + self.spare_columns, tensor.shape[-1])
-        buffer[:, :, : tensor.shape[2]] = tensor
+    def keep_rows(self, rows: torch.LongTensor) -> None:
+        """Keep only `rows` (in that order): row `rows[i]` moves to slot i. In the buffers, only the rows whose slot
+        changes are copied (a row-leaving order that fills each freed slot from the end moves one row per leaver)."""
+        width = self.keys.shape[2]
+        if not self.holds(self.keys.shape[0], width):
+            self.keys, self.values = self.keys[rows], self.values[rows]
+            return
+        slots = torch.arange(len(rows), device=rows.device)
+        moved = rows != slots
+        if moved.any():
+            sources, targets = rows[moved], slots[moved]
+            for buffer in (self._key_buffer, self._value_buffer):
+                buffer[targets, :, :width] = buffer[sources, :, :width]  # the source rows are gathered first
+        self._view(len(rows), width)
+
+    def append_rows(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Write joining rows (as wide as the cache) below the current ones, in the buffers' spare rows (the caller
+        checks `holds(rows + joining, width)` first)."""
+        rows, width = self.keys.shape[0], self.keys.shape[2]
+        self._key_buffer[rows : rows + keys.shape[0], :, :width] = keys
+        self._value_buffer[rows : rows + keys.shape[0], :, :width] = values
+        self._view(rows + keys.shape[0], width)
+
+    def nbytes(self) -> int:
+        """Bytes this layer holds: its buffers where the keys and values live in them."""
+        held = (self._key_buffer, self._value_buffer) if self.holds(self.keys.shape[0], self.keys.shape[2]) else ()
+        return sum(t.numel() * t.element_size() for t in held or (self.keys, self.values))
+
+    def _view(self, rows: int, width: int) -> None:
+        self.keys = self._key_buffer[:rows, :, :width]
+        self.values = self._value_buffer[:rows, :, :width]
+
+    def _reserve(self, width: int) -> None:
+        """New buffers with room for the most rows this layer has held and `width` columns plus spare ones, holding
+        the current keys and values."""
+        rows = self.keys.shape[0]
+        self.row_capacity = max(self.row_capacity, rows)
+        self._key_buffer, self._value_buffer = (
+            self._with_room(tensor, self.row_capacity, width) for tensor in (self.keys, self.values)
+        )
+
+    def _with_room(self, tensor: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+        buffer = tensor.new_empty(rows, tensor.shape[1], width + self.spare_columns, tensor.shape[-1])
+        buffer[: tensor.shape[0], :, : tensor.shape[2]] = tensor
         return buffer
 
 
@@ -128,6 +176,14 @@ def growing_cache() -> DynamicCache:
     cache = DynamicCache()
     cache.layer_class_to_replicate = GrowingLayer
     return cache
+
+
+def fewest_moves(keep: list[int]) -> list[int]:
+    """The surviving rows `keep` (ascending) in the order that moves fewest of them when the others leave: a survivor
+    in the first `len(keep)` slots stays where it is, and each slot freed there is filled by a survivor from the end."""
+    count, survivors = len(keep), set(keep)
+    from_the_end = iter(row for row in keep if row >= count)
+    return [row if row in survivors else next(from_the_end) for row in range(count)]
 
 
 class RaggedCache:
@@ -209,7 +265,7 @@ class RaggedCache:
             return
         rows = rows.to(self.valid.device)
         for layer in self.written_layers():  # not `DynamicCache.batch_select_indices`: it skips zero-column layers
-            layer.keys, layer.values = layer.keys[rows], layer.values[rows]
+            layer.keep_rows(rows)
         self.valid = self.valid[rows]
 
     def copy(self) -> "RaggedCache":
@@ -236,6 +292,8 @@ class RaggedCache:
         """Add the rows of `others` (joining requests) below ours, left-padding the narrower ones with holes, in one
         copy per layer however many join. A cache without tensors yet (nothing written) contributes all-hole rows."""
         parts = [cache for cache in (self, *others) if cache.batch_size]
+        if self._append_in_place(parts[1:] if self.batch_size else ()):
+            return
         if len(parts) <= 1:
             if parts:
                 self.cache, self.valid = parts[0].cache, parts[0].valid
@@ -258,6 +316,30 @@ class RaggedCache:
             self.cache = holder.cache
         self.valid = torch.cat([cache.pad_left(width) for cache in parts], dim=0)
 
+    def _append_in_place(self, others: list["RaggedCache"]) -> bool:
+        """`append_rows` without copying the batch: when no joining row is wider than the cache and the layers'
+        buffers have spare rows, the joining rows (left-padded with holes) are written into them. False, and nothing
+        changed, otherwise."""
+        layers = self.written_layers()
+        if not others or not layers or any(cache.width > self.width for cache in others):
+            return False
+        count = sum(cache.batch_size for cache in others)
+        if not all(layer.holds(layer.keys.shape[0] + count, self.width) for layer in layers):
+            return False
+        tensors = [cache.tensors(self.width) for cache in others]
+        if any(t and len(t) != len(layers) for t in tensors):
+            raise ValueError(f"Cannot merge caches of {sorted({len(t) for t in tensors if t} | {len(layers)})} layers")
+        for index, layer in enumerate(layers):
+            joining = [
+                t[index]
+                if t
+                else tuple(x.new_zeros(cache.batch_size, *x.shape[1:]) for x in (layer.keys, layer.values))
+                for cache, t in zip(others, tensors)
+            ]
+            layer.append_rows(*(torch.cat([pair[i] for pair in joining]) for i in (0, 1)))
+        self.valid = torch.cat([self.valid, *(cache.pad_left(self.width) for cache in others)], dim=0)
+        return True
+
     def compact(self, max_waste: float = 0.5) -> None:
         """Squeeze out the holes once that frees more than `max_waste` of the columns: each row's tokens, in order,
         move to its last `lengths[r]` columns (left-padded to the longest row). Holes that only left-pad shorter
@@ -275,7 +357,7 @@ class RaggedCache:
 
     def nbytes(self) -> int:
         """Bytes held by the cache tensors."""
-        return sum(t.numel() * t.element_size() for layer in self.written_layers() for t in (layer.keys, layer.values))
+        return sum(layer.nbytes() for layer in self.written_layers())
 
     # -- helpers ------------------------------------------------------------------------------------------------------
 

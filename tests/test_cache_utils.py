@@ -2,7 +2,7 @@
 
 import torch
 
-from angelspec_hf.cache_utils import RaggedCache
+from angelspec_hf.cache_utils import RaggedCache, fewest_moves
 
 
 def test_ragged_cache_compaction_keeps_every_rows_tokens_in_order():
@@ -44,3 +44,53 @@ def test_ragged_cache_rows_joining_and_leaving_a_cache_compacted_to_no_columns()
     assert cache.batch_size == 3 and cache.cache.layers[0].keys.shape == (3, 1, 0, 1)
     cache.cache.update(torch.ones(3, 1, 2, 1), torch.ones(3, 1, 2, 1), 0)  # the next forward writes every row
     assert cache.cache.layers[0].keys.shape == (3, 1, 2, 1)
+
+
+def _filled(rows: int, width: int, start: float = 0.0) -> RaggedCache:
+    """A cache of `rows` rows whose keys number their (row, column) cells, written by two forwards (so the second
+    lands in a growing layer's buffers), values the negated keys."""
+    cache = RaggedCache(rows)
+    keys = torch.arange(rows * width, dtype=torch.float64).view(rows, 1, width, 1) + start
+    for part in (keys[:, :, : width // 2], keys[:, :, width // 2 :]):
+        cache.cache.update(part, -part, 0)
+    cache.append(torch.ones(rows, width, dtype=torch.bool))
+    return cache
+
+
+def test_rows_leaving_and_joining_move_only_the_rows_that_change_slot():
+    """Leavers free slots that survivors from the end fill (`fewest_moves`); joiners narrower than the batch are
+    written into the buffers' spare rows, left-padded with holes: the batch's tensors are never re-allocated."""
+    cache = _filled(6, 8)
+    layer = cache.cache.layers[0]
+    before, buffer = layer.keys.clone(), layer.keys.data_ptr()
+    order = fewest_moves([0, 2, 3, 5])
+    assert order == [0, 5, 2, 3]
+    cache.select_rows(torch.tensor(order))
+    assert layer.keys.data_ptr() == buffer and torch.equal(layer.keys, before[order])
+    assert torch.equal(layer.values, -before[order])
+
+    joining = _filled(1, 5, start=100.0)
+    cache.append_rows(joining, RaggedCache(1))  # a prefilled row and a row its drafter has not written yet
+    assert layer.keys.data_ptr() == buffer and cache.batch_size == 6
+    assert torch.equal(layer.keys[:4], before[order])
+    assert layer.keys[4, 0, :, 0].tolist() == [0, 0, 0, 100, 101, 102, 103, 104]
+    assert layer.keys[5].abs().sum() == 0
+    assert cache.valid[4].tolist() == [False] * 3 + [True] * 5 and not cache.valid[5].any()
+
+    cache.cache.update(torch.ones(6, 1, 1, 1), torch.ones(6, 1, 1, 1), 0)  # the next forward writes in place too
+    assert layer.keys.data_ptr() == buffer and layer.keys.shape == (6, 1, 9, 1)
+
+
+def test_rows_joining_beyond_the_buffers_room_are_merged_by_one_copy():
+    """A joining row wider than the batch, or more rows than the buffers hold: the batch is re-laid out (left-padded
+    to the widest row), and the next forward gives it buffers with room for that many rows."""
+    cache = _filled(2, 4)
+    cache.append_rows(_filled(1, 6, start=50.0))
+    layer = cache.cache.layers[0]
+    assert layer.keys[:, 0, :, 0].tolist() == [[0, 0, 0, 1, 2, 3], [0, 0, 4, 5, 6, 7], [50, 51, 52, 53, 54, 55]]
+    assert cache.valid.sum(1).tolist() == [4, 4, 6]
+    cache.append(torch.ones(3, 1, dtype=torch.bool))
+    cache.cache.update(torch.zeros(3, 1, 1, 1), torch.zeros(3, 1, 1, 1), 0)
+    cache.select_rows(torch.tensor([2]))
+    cache.append_rows(_filled(2, 3))  # three rows again: within the room of the buffers made for three
+    assert layer.holds(3, 7) and layer.keys[:, 0, :, 0].tolist()[0] == [50, 51, 52, 53, 54, 55, 0]

@@ -13,7 +13,8 @@ once on plain transformers models and caches, one round at a time:
             verify-cost profile; `constant` and `heuristic` set a depth per row
     verify  one target forward over [bonus, kept drafts] of every row, padded to the widest row
     accept  per row: greedy match or speculative rejection sampling; rejected drafts become masked holes
-    retire  finished rows leave; the cache squeezes its holes out when they waste more than half of it
+    retire  finished rows leave (survivors from the end take their slots: one row copied per leaver); the cache
+            squeezes its holes out when they waste more than half of it
 
 Rows accept different numbers of tokens each round: `RaggedCache` keeps one cache tensor with a per-row validity
 mask and per-row positions. With no drafter the same loop is batched autoregressive decoding, the baseline.
@@ -36,7 +37,7 @@ import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 from transformers.utils import logging
 
-from ..cache_utils import RaggedCache, pad_pending, sliding_windows, with_cache
+from ..cache_utils import RaggedCache, fewest_moves, pad_pending, sliding_windows, with_cache
 from ..metrics import SpeculationStats, round_profile
 from .draft_round import DraftRound, draw
 from .policies import RowState, VerifyPolicy
@@ -678,6 +679,7 @@ class SpeculativeEngine:
                 if row.output.finish_reason in ("eos", "length"):  # a whole answer, not a cut-off or failed one
                     self.drafter.record_output(row.output.output_ids)
         if len(keep) < len(self.rows):
+            keep = fewest_moves(keep)  # the rows' order is free: the caches move one row per leaver
             rows = torch.tensor(keep, dtype=torch.long, device=self.device)
             self.cache.select_rows(rows)
             if self.draft_state is not None:
