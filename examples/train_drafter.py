@@ -35,6 +35,7 @@ from angelspec_hf.training import (  # noqa: E402
     precompute_hidden_states,
 )
 from angelspec_hf.training.continuation import checkpoint_from_card  # noqa: E402
+from angelspec_hf.training.data import COMPUTE_DTYPES  # noqa: E402
 from angelspec_hf.training.regenerate import read_responses  # noqa: E402
 
 
@@ -184,6 +185,13 @@ class DataArguments:
     hidden_states: str = field(default="offline", metadata={"help": "offline (precomputed cache) | online"})
     hidden_cache_dir: str = field(default=".cache/hidden_states", metadata={"help": "where offline states go"})
     hidden_dtype: str = field(default="float16", metadata={"help": "storage dtype of offline states"})
+    hidden_compute_dtype: str = field(
+        default="float32",
+        metadata={
+            "help": "the target's precision computing offline training states: float32, or bfloat16 (autocast, "
+            "faster on CPUs with AMX / avx512_bf16); held-out evaluation states are always computed as loaded"
+        },
+    )
     hidden_cache_indices: list[int] | None = field(
         default=None,
         metadata={
@@ -207,6 +215,12 @@ class DataArguments:
     max_wall_minutes: float | None = field(
         default=None, metadata={"help": "stop (evaluate, save) after this much wall-clock time of training"}
     )
+
+    def __post_init__(self):
+        if self.hidden_compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(
+                f"hidden_compute_dtype must be one of {COMPUTE_DTYPES}, got {self.hidden_compute_dtype!r}"
+            )
 
 
 def parse_arguments(argv: list[str]):
@@ -266,18 +280,26 @@ def main(argv: list[str]) -> None:
         raise ValueError(f"hidden_cache_indices {cached} lack the drafter's hidden states {missing}")
     select = None if cached == needed else [cached.index(i) for i in needed]
 
-    def with_hidden_states(dataset):
+    def with_hidden_states(dataset, compute_dtype="float32"):
         if data_args.hidden_states == "online":
             return dataset
         with training_args.main_process_first(desc="precomputing target hidden states"):
             return precompute_hidden_states(
-                dataset, target.model, cached, data_args.hidden_cache_dir, dtype=data_args.hidden_dtype
+                dataset,
+                target.model,
+                cached,
+                data_args.hidden_cache_dir,
+                dtype=data_args.hidden_dtype,
+                compute_dtype=compute_dtype,
             )
 
     # Each responses file is packed and cached on its own, so a mix of files reuses every file's cache.
     dataset = concatenate_datasets(
         [
-            with_hidden_states(build_training_dataset(path, data_args.max_length, seed=training_args.seed))
+            with_hidden_states(
+                build_training_dataset(path, data_args.max_length, seed=training_args.seed),
+                data_args.hidden_compute_dtype,
+            )
             for path in data_args.responses.split(",")
         ]
     )

@@ -233,6 +233,25 @@ def test_offline_hidden_states_give_the_same_loss_as_online(chat_target, smollm2
     torch.testing.assert_close(selected["target_hidden"], offline_batch["target_hidden"])
 
 
+def test_hidden_states_computed_under_bf16_are_a_cache_of_their_own(chat_target, responses, tmp_path):
+    """`compute_dtype="bfloat16"` (the target under bf16 autocast, issue 36) writes a cache beside the float32 one,
+    never read for it, close to it within bf16's precision; a precision it does not know is refused first."""
+    dataset = build_training_dataset(responses, max_length=128)
+    layers = [chat_target.config.num_hidden_layers]
+    exact = precompute_hidden_states(dataset, chat_target, layers, str(tmp_path), dtype="float32")
+    bf16 = precompute_hidden_states(
+        dataset, chat_target, layers, str(tmp_path), dtype="float32", compute_dtype="bfloat16"
+    )
+    assert len(list(tmp_path.glob("*.json"))) == 2
+    exact_rows, bf16_rows = (torch.cat([d[i]["target_hidden"] for i in range(2)]) for d in (exact, bf16))
+    assert not torch.equal(exact_rows, bf16_rows)
+    torch.testing.assert_close(bf16_rows, exact_rows, rtol=0.05, atol=0.05 * exact_rows.abs().max().item())
+    again = precompute_hidden_states(dataset, chat_target, layers, str(tmp_path), dtype="float32")
+    assert torch.equal(torch.cat([again[i]["target_hidden"] for i in range(2)]), exact_rows)
+    with pytest.raises(ValueError, match="compute_dtype must be one of"):
+        precompute_hidden_states(dataset, chat_target, layers, str(tmp_path), compute_dtype="float16")
+
+
 def test_feature_regression_and_feature_noise_enter_the_loss(chat_target, smollm2_tokenizer, responses, tmp_path):
     from angelspec_hf.training.data import target_hidden_states
     from angelspec_hf.training.losses import feature_regression_loss
