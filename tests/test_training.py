@@ -252,6 +252,20 @@ def test_hidden_states_computed_under_bf16_are_a_cache_of_their_own(chat_target,
         precompute_hidden_states(dataset, chat_target, layers, str(tmp_path), compute_dtype="float16")
 
 
+def test_a_bf16_run_computes_the_whole_loss_under_autocast(chat_target, smollm2_tokenizer, responses, tmp_path):
+    """With `bf16=True` the teacher's head and the loss run under autocast too, not only the drafter's forward that
+    accelerate wraps (on a CPU they are a large part of a step); without it, nothing does."""
+    dataset = build_training_dataset(responses, max_length=128)
+    batch = PackedCollator()([dataset[i] for i in range(2)])
+    for bf16 in (False, True):
+        trainer = make_trainer(chat_target, smollm2_tokenizer, dataset, tmp_path / str(bf16), bf16=bf16)
+        drafter, seen = trainer.drafter, []
+        head = drafter.target_head_logits
+        drafter.target_head_logits = lambda states: seen.append(torch.is_autocast_enabled("cpu")) or head(states)
+        loss = trainer.compute_loss(trainer.model, batch)
+        assert seen == [bf16] and torch.isfinite(loss)
+
+
 def test_feature_regression_and_feature_noise_enter_the_loss(chat_target, smollm2_tokenizer, responses, tmp_path):
     from angelspec_hf.training.data import target_hidden_states
     from angelspec_hf.training.losses import feature_regression_loss

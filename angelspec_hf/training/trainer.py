@@ -140,6 +140,12 @@ class AngelSpecTrainer(Trainer):
         return self.accelerator.unwrap_model(self.model)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        # Under `bf16` / `fp16` the whole step runs in autocast, not only the drafter's forward (what accelerate wraps):
+        # the teacher's head and the loss are a large part of a step on a CPU.
+        with self.accelerator.autocast():
+            return self._compute_loss(model, inputs, return_outputs)
+
+    def _compute_loss(self, model, inputs, return_outputs):
         drafter = self.drafter
         hidden = batch_hidden_states(drafter, self.target, inputs)
         outputs = model(
