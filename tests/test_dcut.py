@@ -335,3 +335,38 @@ def test_dcut_verifies_less_once_the_run_finds_wide_forwards_slower_than_profile
     session.policy.draft_count([session.new_row()], budget=100, backlog=1)
     after = dcut_depths(confidences, session.policy.verify_seconds)
     assert before == [4] and after == [2]
+
+
+def test_a_drafter_s_shipped_offline_acceptance_prices_its_first_rounds():
+    """`dcut_prior_acceptance` in the drafter's generation config (`angelspec estimate --write-prior`) is D-cut's
+    ĉ_k before any drafting: with it, a fresh session expects drafting to pay where the same drafter without it
+    could only be probed (no ĉ yet), and where it is too low to pay, drafting is not expected to. A list that is not
+    P(first k accepted) is refused with the field's name."""
+    from angelspec_hf.generation.session import DecodingSession
+
+    target = make_target("llama", num_hidden_layers=2)
+    profile = VerifyCostModel(rows=[1], tokens=[1, 2, 4], seconds=[[1.0, 1.05, 1.2]], context=0)
+
+    def pays(prior):
+        drafter = AngelSpecMTPDrafter.from_target(target, num_depths=3)
+        if prior is not None:
+            drafter.generation_config.dcut_prior_acceptance = prior
+        session = DecodingSession(target, drafter, "dcut", cost_model=profile)
+        policy = session.policy
+        policy.draft_count([session.new_row()], budget=100, backlog=1)
+        return policy.depth_confidence, policy.drafting_pays(100, 1)
+
+    assert pays(None) == (None, False)
+    confidence, expected = pays([0.6, 0.4])
+    assert confidence.tolist() == pytest.approx([0.6, 0.4, 0.4]) and expected
+    assert not pays([0.02, 0.01])[1]
+    for bad in ([0.3, 0.5], [1.5], [], "0.5"):
+        with pytest.raises(ValueError, match="dcut_prior_acceptance"):
+            pays(bad)
+
+
+def test_the_prior_written_by_estimate_is_the_steps_of_the_offline_tau():
+    from angelspec_hf.cli.estimate import prefix_acceptance
+
+    metrics = {"tau_depth_1": 1.42, "tau_depth_2": 1.62, "tau_depth_3": 1.61, "tau_depth_4": 1.65}
+    assert prefix_acceptance(metrics, 4) == pytest.approx([0.42, 0.20, 0.0, 0.0])

@@ -32,6 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-length", type=positive_int, default=1024, help="tokens per packed row")
     parser.add_argument("--hidden-cache-dir", default=os.path.join(".cache", "hidden_states"))
     parser.add_argument("--output", default=None, help="JSON file of the metrics")
+    parser.add_argument(
+        "--write-prior",
+        action="store_true",
+        help="save the measured P(first k drafts accepted) in the drafter folder's generation_config.json, where "
+        "D-cut starts from it (dcut_prior_acceptance)",
+    )
 
 
 def check(args: argparse.Namespace) -> None:
@@ -40,6 +46,8 @@ def check(args: argparse.Namespace) -> None:
     if not all(os.path.isfile(path) for path in args.responses.split(",")):
         raise UsageError(f"--responses {args.responses}: no such file (make one with `angelspec regenerate`)")
     check_writable("--output", args.output)
+    if args.write_prior and not os.path.isdir(args.drafter):
+        raise UsageError(f"--write-prior writes into a local drafter folder; {args.drafter} is not one")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,7 +75,23 @@ def run(args: argparse.Namespace) -> int:
             f"top-{n} recall by depth: "
             + " ".join(f"{metrics[f'recall_top{n}_depth_{d}']:.2f}" for d in range(1, depths + 1))
         )
+    if args.write_prior:
+        prior = prefix_acceptance(metrics, depths)
+        drafter.generation_config.dcut_prior_acceptance = prior
+        drafter.generation_config.save_pretrained(args.drafter)
+        print(f"D-cut prior (P(first k drafts accepted)) written to {args.drafter}: {[round(p, 3) for p in prior]}")
     if args.output:
         with open(args.output, "w") as handle:
             json.dump({"command": args.command_line, "drafter": args.drafter, **metrics}, handle, indent=1)
     return 0
+
+
+def prefix_acceptance(metrics: dict, depths: int) -> list[float]:
+    """P(the first k drafts are accepted), k = 1..depths: the steps of the offline τ by draft length (τ_k − τ_(k−1),
+    τ_0 = 1), made non-increasing."""
+    taus = [1.0] + [metrics[f"tau_depth_{d}"] for d in range(1, depths + 1)]
+    steps, lowest = [], 1.0
+    for before, after in zip(taus, taus[1:]):
+        lowest = min(lowest, max(0.0, after - before))
+        steps.append(lowest)
+    return steps

@@ -128,7 +128,7 @@ class Heuristic(VerifyPolicy):
 class DrafterEstimates:
     """What D-cut learns about a drafter on this machine, kept across decoding runs (`session.DrafterMemory`) so
     that each run starts from it: the confidence calibrator, the mean calibrated confidence of each draft position
-    (ĉ_k; None until the drafter has drafted), `read_ratio`, the time the drafter takes to read verified tokens
+    (ĉ_k; until the drafter has drafted, its shipped offline acceptance, `PRIOR_ACCEPTANCE`, or None), `read_ratio`, the time the drafter takes to read verified tokens
     over the time the target takes to verify as many (both for the same rows), and `drafting_gain` ĝ per batch size:
     what drafting saves depends on what verifying costs, which grows with the rows (a drafter that pays alone may
     lose in a batch of 16), so a batch size's first rounds read the mean confidences, not another size's ĝ."""
@@ -150,6 +150,33 @@ def parameter_ratio(drafter, target) -> float:
     decoder = target.get_decoder()
     body = sum(p.numel() for p in decoder.parameters()) - decoder.get_input_embeddings().weight.numel()
     return own / max(body, 1)
+
+
+PRIOR_ACCEPTANCE = "dcut_prior_acceptance"
+"""The generation-config field in which a drafter ships its offline acceptance, P(its first k drafts are accepted)
+for k = 1, 2, ... (`angelspec estimate --write-prior`): D-cut's ĉ_k before it has measured any, where a single
+first probe would otherwise set them (a probe that happens to draft badly and sets ĉ_1 to 0.15 for a drafter
+accepted 40 % of the time offline stops it from drafting again: the shipped DFly on GSM8K)."""
+
+
+def prior_depth_confidence(drafter, max_draft: int) -> torch.Tensor | None:
+    """ĉ_1..ĉ_max_draft from the drafter's `PRIOR_ACCEPTANCE` (deeper positions take the last one given), None
+    when it ships none."""
+    prior = getattr(drafter.generation_config, PRIOR_ACCEPTANCE, None)
+    if prior is None:
+        return None
+    values = list(prior) if isinstance(prior, (list, tuple)) else None
+    if (
+        not values
+        or not all(isinstance(v, (int, float)) and 0.0 <= v <= 1.0 for v in values)
+        or any(b > a for a, b in zip(values, values[1:]))
+    ):
+        raise ValueError(
+            f"{PRIOR_ACCEPTANCE} must be a non-empty, non-increasing list of probabilities (P(the first k drafts "
+            f"are accepted), k = 1, 2, ...), got {prior!r}"
+        )
+    values = (values + values[-1:] * max_draft)[:max_draft]
+    return torch.tensor(values, dtype=torch.float32)
 
 
 class DCut(VerifyPolicy):
@@ -201,7 +228,10 @@ class DCut(VerifyPolicy):
         self.cost_model = CorrectedCost.of(self.cost_model)  # priced as this run's forwards turn out
         self.drafter_prices_catch_up = promise_counts_catch_up
         if memory.estimates is None:
-            memory.estimates = DrafterEstimates(read_ratio=parameter_ratio(drafter, target))
+            memory.estimates = DrafterEstimates(
+                read_ratio=parameter_ratio(drafter, target),
+                depth_confidence=prior_depth_confidence(drafter, self.max_draft),
+            )
         self.estimates = memory.estimates
 
     def verify_seconds(self, rows: int, width: int) -> float:
