@@ -299,16 +299,8 @@ class RaggedCache:
                 self.cache, self.valid = parts[0].cache, parts[0].valid
             return
         width = max(cache.width for cache in parts)
-        tensors = [cache.tensors(width) for cache in parts]
-        written = [t for t in tensors if t]
-        if written:
-            if any(len(t) != len(written[0]) for t in written):
-                raise ValueError(f"Cannot merge caches of {sorted({len(t) for t in written})} layers")
-            template = written[0]
-            tensors = [
-                t or [tuple(x.new_zeros(cache.batch_size, *x.shape[1:]) for x in pair) for pair in template]
-                for cache, t in zip(parts, tensors)
-            ]
+        tensors = self._padded_tensors(parts, width)
+        if tensors is not None:
             holder = next(cache for cache in parts if cache.written_layers())
             for index, layer in enumerate(holder.written_layers()):  # the holder's layer objects carry on
                 layer.keys = torch.cat([t[index][0] for t in tensors], dim=0)
@@ -326,19 +318,28 @@ class RaggedCache:
         count = sum(cache.batch_size for cache in others)
         if not all(layer.holds(layer.keys.shape[0] + count, self.width) for layer in layers):
             return False
-        tensors = [cache.tensors(self.width) for cache in others]
-        if any(t and len(t) != len(layers) for t in tensors):
-            raise ValueError(f"Cannot merge caches of {sorted({len(t) for t in tensors if t} | {len(layers)})} layers")
+        tensors = self._padded_tensors(others, self.width, [(layer.keys, layer.values) for layer in layers])
         for index, layer in enumerate(layers):
-            joining = [
-                t[index]
-                if t
-                else tuple(x.new_zeros(cache.batch_size, *x.shape[1:]) for x in (layer.keys, layer.values))
-                for cache, t in zip(others, tensors)
-            ]
-            layer.append_rows(*(torch.cat([pair[i] for pair in joining]) for i in (0, 1)))
+            layer.append_rows(*(torch.cat([t[index][i] for t in tensors]) for i in (0, 1)))
         self.valid = torch.cat([self.valid, *(cache.pad_left(self.width) for cache in others)], dim=0)
         return True
+
+    @staticmethod
+    def _padded_tensors(caches: list["RaggedCache"], width: int, template=None) -> list | None:
+        """Each cache's per-layer (keys, values), left-padded with holes to `width`; a cache with nothing written yet
+        gets zeros shaped like `template`'s layers (default: the first written cache's). None when there is neither.
+        Caches of different layer counts are refused."""
+        tensors = [cache.tensors(width) for cache in caches]
+        written = [t for t in tensors if t]
+        template = template or (written[0] if written else None)
+        if template is None:
+            return None
+        if any(len(t) != len(template) for t in written):
+            raise ValueError(f"Cannot merge caches of {sorted({len(t) for t in written} | {len(template)})} layers")
+        return [
+            t or [tuple(x.new_zeros(cache.batch_size, *x.shape[1:]) for x in pair) for pair in template]
+            for cache, t in zip(caches, tensors)
+        ]
 
     def compact(self, max_waste: float = 0.5) -> None:
         """Squeeze out the holes once that frees more than `max_waste` of the columns: each row's tokens, in order,

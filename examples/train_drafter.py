@@ -35,7 +35,7 @@ from angelspec_hf.training import (  # noqa: E402
     precompute_hidden_states,
 )
 from angelspec_hf.training.continuation import checkpoint_from_card  # noqa: E402
-from angelspec_hf.training.data import COMPUTE_DTYPES  # noqa: E402
+from angelspec_hf.training.data import check_compute_dtype  # noqa: E402
 from angelspec_hf.training.regenerate import read_responses  # noqa: E402
 
 
@@ -217,10 +217,7 @@ class DataArguments:
     )
 
     def __post_init__(self):
-        if self.hidden_compute_dtype not in COMPUTE_DTYPES:
-            raise ValueError(
-                f"hidden_compute_dtype must be one of {COMPUTE_DTYPES}, got {self.hidden_compute_dtype!r}"
-            )
+        check_compute_dtype(self.hidden_compute_dtype, "hidden_compute_dtype")
 
 
 def parse_arguments(argv: list[str]):

@@ -91,6 +91,12 @@ COMPUTE_DTYPES = ("float32", "bfloat16")
 a CPU with AMX; docs/experiments.md, "bf16 for data and training")."""
 
 
+def check_compute_dtype(compute_dtype: str, name: str = "compute_dtype") -> None:
+    """Raise ValueError, naming the argument `name`, unless `compute_dtype` is one of `COMPUTE_DTYPES`."""
+    if compute_dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"{name} must be one of {COMPUTE_DTYPES}, got {compute_dtype!r}")
+
+
 @torch.no_grad()
 def target_hidden_states(
     target, input_ids: torch.Tensor, position_ids: torch.Tensor, indices: list[int], compute_dtype: str = "float32"
@@ -222,8 +228,7 @@ def precompute_hidden_states(
     (manifest, file size, rows, shapes, finite values within `HIDDEN_STATE_BOUND`); a stale or damaged shard is
     recomputed, with a warning naming it and what was wrong.
     """
-    if compute_dtype not in COMPUTE_DTYPES:
-        raise ValueError(f"compute_dtype must be one of {COMPUTE_DTYPES}, got {compute_dtype!r}")
+    check_compute_dtype(compute_dtype)
     os.makedirs(cache_dir, exist_ok=True)
     fingerprint = target_fingerprint(target)
     num_shards = max(1, -(-len(dataset) // shard_rows))
