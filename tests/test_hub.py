@@ -325,14 +325,17 @@ def test_shipped_drafters_are_found_by_name_after_a_normal_install(tmp_path):
         assert result.returncode == 0, result.stderr[-3000:]
         return result.stdout
 
-    lines = [line.split() for line in run_installed(code).splitlines()]
-    assert [line[0] for line in lines] == list(SHIPPED_DRAFTERS) and all(line[2] == "True" for line in lines)
-    assert {line[1] for line in lines} == {"AngelSpecMTPDrafter", "DFlyDrafter", "SuffixDrafter", "RouterDrafter"}
-
     with open(os.path.join(REPOSITORY, "README.md")) as handle:  # the quick start, verbatim, from elsewhere
         quick_start = re.search(r"## Quick start\n\n```python\n(.*?)```", handle.read(), re.S).group(1)
-    output = run_installed(quick_start)
-    assert re.search(r"'tau': \d", output), output  # the decoded text, then the call's statistics
+    # one interpreter for both (each start imports torch and transformers): the names first, then the quick start
+    output = run_installed(code + "print('QUICK START')\n" + quick_start)
+    names, quick_start_output = output.split("QUICK START\n")
+    lines = [line.split() for line in names.splitlines()]
+    assert [line[0] for line in lines] == list(SHIPPED_DRAFTERS) and all(line[2] == "True" for line in lines)
+    assert {line[1] for line in lines} == {"AngelSpecMTPDrafter", "DFlyDrafter", "SuffixDrafter", "RouterDrafter"}
+    assert re.search(r"'tau': \d", quick_start_output), (
+        quick_start_output
+    )  # the decoded text, then the call's statistics
 
 
 def test_load_drafter_names_what_it_accepts():

@@ -2,7 +2,8 @@
 
 import pytest
 
-from angelspec_hf.metrics import SpeculationStats, SpeculativeAcceptance
+from angelspec_hf.acceptance_metric import SpeculativeAcceptance
+from angelspec_hf.metrics import SpeculationStats
 
 
 def test_tau_and_acceptance_by_position_by_hand():

@@ -20,13 +20,14 @@ import torch
 import transformers
 from transformers.utils.logging import tqdm  # honours transformers.utils.logging.disable_progress_bar()
 
+from ..acceptance_metric import SpeculativeAcceptance
 from ..generation.engine import resident_memory_bytes
 from ..generation.measurements import installed_plan
 from ..generation.policies import DCut, VerifyPolicy, resolve_policy
 from ..generation.session import forget_served_requests, memory_of
 from ..generation.timing import ForwardClock, device_clock
 from ..generation.verify_cost import load_cost_model
-from ..metrics import SpeculationStats, SpeculativeAcceptance, format_round_profile
+from ..metrics import SpeculationStats, format_round_profile
 from ..prompts import encode_chat, load_prompts
 from .divergence import divergence
 from .engine_bench import main as engine_main

@@ -8,8 +8,9 @@ import time
 import torch
 from transformers import TrainerCallback
 
+from ..acceptance_metric import SpeculativeAcceptance
 from ..generation.policies import Constant
-from ..metrics import SpeculationStats, SpeculativeAcceptance
+from ..metrics import SpeculationStats
 
 
 @torch.no_grad()
