@@ -283,6 +283,17 @@ def test_estimate_needs_its_responses_file(capsys, tmp_path, drafter):
     assert "no drafter folder" in error
 
 
+def test_estimate_refuses_a_drafter_without_a_training_forward_before_loading_the_target(capsys, monkeypatch):
+    """The suffix drafter and the router draft without a forward over target states, which the offline estimate
+    replays: refused by name from the card's config, before the target is loaded."""
+    from angelspec_hf.cli import estimate
+
+    monkeypatch.setattr(estimate, "load_target_from_args", lambda args: pytest.fail("the target was loaded"))
+    for name, kind in [("smollm2-135m-instruct-suffix", "SuffixDrafter"), ("smollm2-135m-instruct-router", "Router")]:
+        error = one_line_error(capsys, "estimate", "--drafter", name)
+        assert f"--drafter {name}: a {kind}" in error and "angelspec bench" in error, error
+
+
 def test_right_arguments_get_through_to_the_model_load(tmp_path, prompts, drafter):
     """Nothing is written while checking: the output folder does not exist until the run writes it."""
     output = tmp_path / "results" / "out.json"

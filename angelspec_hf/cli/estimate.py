@@ -43,11 +43,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check(args: argparse.Namespace) -> None:
     check_target_arguments(args)
     check_drafter(args.drafter)
+    check_estimable(args.drafter)
     if not all(os.path.isfile(path) for path in args.responses.split(",")):
         raise UsageError(f"--responses {args.responses}: no such file (make one with `angelspec regenerate`)")
     check_writable("--output", args.output)
     if args.write_prior and not os.path.isdir(args.drafter):
         raise UsageError(f"--write-prior writes into a local drafter folder; {args.drafter} is not one")
+
+
+def check_estimable(drafter: str) -> None:
+    """The drafter predicts drafts from target states (MTP, DFly, DFlash), which the estimate replays over the
+    held-out responses: read from its config, before the target is loaded and its states computed."""
+    from transformers import AutoConfig
+
+    from ..hub import resolve_drafter
+    from ..models import DRAFTER_CLASSES
+
+    try:
+        model_type = AutoConfig.from_pretrained(resolve_drafter(drafter)).model_type
+    except (OSError, ValueError):  # no readable config: loading the drafter reports what is wrong with it
+        return
+    model_class = DRAFTER_CLASSES[model_type][1] if model_type in DRAFTER_CLASSES else None
+    if model_class is not None and not model_class.has_training_forward:
+        raise UsageError(
+            f"--drafter {drafter}: a {model_class.__name__} drafts without a forward over target states, which the "
+            "offline estimate replays; measure it with `angelspec bench`"
+        )
 
 
 def run(args: argparse.Namespace) -> int:

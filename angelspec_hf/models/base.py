@@ -350,6 +350,9 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
 
     routes_members = False  # a router: a routing policy chooses which member drafts each request (generation/routing)
     reads_for_free = False  # reading verified tokens costs it nothing (no weights): a router lets it read every round
+    # `forward` predicts drafts from target states (what the Trainer and the offline estimate call); the suffix drafter
+    # and the router have none (they draft from matches, or through their members)
+    has_training_forward = True
 
     @property
     def speculation_stats(self):

@@ -150,6 +150,7 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
 
     config_class = RouterDrafterConfig
     routes_members = True
+    has_training_forward = False
 
     def __init__(self, config: RouterDrafterConfig, members: list[AngelSpecDrafterPreTrainedModel] | None = None):
         super().__init__(config)

@@ -343,6 +343,7 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
     config_class = SuffixDrafterConfig
     _no_split_modules = []
     reads_for_free = True
+    has_training_forward = False
 
     def __init__(self, config: SuffixDrafterConfig):
         super().__init__(config)
