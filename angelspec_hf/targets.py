@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -83,9 +84,32 @@ def _cached_conversion(directory: str, gguf_file: str) -> str | None:
     return folder if _complete(folder) else None
 
 
+@contextlib.contextmanager
+def _one_metadata_parse():
+    """transformers parses a GGUF file's metadata (for SmolLM2 mostly its 49k-token vocabulary and merges: seconds)
+    three times in a conversion: for the tokenizer, the config and the weights (`load_gguf_checkpoint` opens a
+    `gguf.GGUFReader` each time). Inside this block each file is parsed once and its reader, which only reads its
+    memory map, is shared. Written here because transformers offers no way to pass a parsed file."""
+    import gguf
+
+    opened, readers = gguf.GGUFReader, {}
+
+    def shared_reader(path, *args, **kwargs):
+        key = (os.path.realpath(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = opened(path, *args, **kwargs)
+        return readers[key]
+
+    gguf.GGUFReader = shared_reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = opened
+
+
 def _converted(directory: str, gguf_file: str) -> str | None:
     """The cached transformers folder of a GGUF target, converted now if it is not cached (dequantizing and reading
-    the GGUF metadata takes about 15 s on a CPU for SmolLM2-135M; the folder loads in a fraction of a second).
+    the GGUF metadata takes about 10 s on a CPU for SmolLM2-135M; the folder loads in a fraction of a second).
     Written into a staging folder renamed when complete, so a reader never sees half a conversion, under a file
     lock (`measuring`), so that processes starting together convert once; None (load the GGUF file itself) when
     the cache cannot be written."""
@@ -98,8 +122,9 @@ def _converted(directory: str, gguf_file: str) -> str | None:
     try:
         with measuring(folder):  # makes the cache folder
             if not _complete(folder):  # not converted while this process waited
-                tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
-                model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32)
+                with _one_metadata_parse():
+                    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
+                    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32)
                 if getattr(model, "hf_quantizer", None) is not None:  # GGUF weights load dequantized: a plain model
                     model.hf_quantizer.remove_quantization_config(model)
                 model.save_pretrained(staging)
@@ -194,8 +219,7 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     Two tokenizers with the same fingerprint map text to the same ids, which is what a drafter trained on one
     target needs from another.
     """
-    digest = hashlib.sha256()
-    for token, index in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1]):
-        digest.update(f"{index}\t{token}\n".encode())
+    vocabulary = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    digest = hashlib.sha256("".join(f"{index}\t{token}\n" for token, index in vocabulary).encode())
     digest.update(repr(sorted(tokenizer.all_special_tokens)).encode())
     return digest.hexdigest()[:16]

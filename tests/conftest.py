@@ -152,15 +152,24 @@ def isolation_guard():
 
 
 @pytest.fixture(scope="session")
-def smollm2_tokenizer(tmp_path_factory):
-    """The real SmolLM2 tokenizer (chat template included), read from the embedded GGUF and saved once."""
+def smollm2_tokenizer():
+    """The real SmolLM2 tokenizer (chat template included), as the shipped MTP card carries it (read in a fraction of
+    a second; parsing the GGUF file's takes seconds; that the two are one is tested in test_hub.py)."""
     from transformers import AutoTokenizer
 
-    from angelspec_hf.targets import SMOLLM2_GGUF_FILE, smollm2_directory
+    from angelspec_hf.hub import shipped_drafter_path
 
-    directory = tmp_path_factory.mktemp("smollm2_tokenizer")
-    AutoTokenizer.from_pretrained(smollm2_directory(), gguf_file=SMOLLM2_GGUF_FILE).save_pretrained(directory)
-    return AutoTokenizer.from_pretrained(directory)
+    return AutoTokenizer.from_pretrained(shipped_drafter_path("smollm2-135m-instruct-mtp"))
+
+
+@pytest.fixture(scope="session")
+def packageless_python():
+    """The run's interpreter that cannot import angelspec_hf (`tests/packageless.py`), for the remote-code tests."""
+    from packageless import PackagelessInterpreter
+
+    interpreter = PackagelessInterpreter()
+    yield interpreter
+    interpreter.close()
 
 
 @pytest.fixture(scope="module")

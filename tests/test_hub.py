@@ -63,12 +63,18 @@ def test_text_generation_pipeline_loads_a_drafter_by_path(text_target, smollm2_t
 
 
 @pytest.mark.slow
-def test_text_generation_pipeline_loads_every_shipped_card_by_name_and_by_folder():
+def test_text_generation_pipeline_loads_every_shipped_card_by_name_and_by_folder(monkeypatch):
     """`pipeline(..., assistant_model="<shipped card name>")` (or its folder) on the real target: each card carries the
     target's tokenizer (which the pipeline loads beside the model, then drops: the vocabularies are one) and its
-    `architectures`, and the output is the target's."""
+    `architectures`, and the output is the target's. D-cut reads a fixed profile of this target's shape (profiling
+    the untuned target would take seconds and is tested where it is the subject)."""
+    from test_lossless import REAL_PROFILE
+
     from angelspec_hf import load_target
+    from angelspec_hf.generation import policies
     from angelspec_hf.hub import shipped_drafter_path
+
+    monkeypatch.setattr(policies, "load_cost_model", lambda target, rows=(1,): REAL_PROFILE)
 
     target = load_target("smollm2", tune_kernels=False)  # outputs are compared, not timed
     options = dict(max_new_tokens=8, do_sample=False, return_full_text=False)
@@ -90,12 +96,14 @@ def test_a_gguf_target_is_converted_once_and_loads_as_the_file_does():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from angelspec_hf import load_target
+    from angelspec_hf.hub import shipped_drafter_path
     from angelspec_hf.targets import (
         SMOLLM2_GGUF_FILE,
         converted_gguf_directory,
         load_target_tokenizer,
         smollm2_directory,
         target_context_length,
+        tokenizer_fingerprint,
     )
     from angelspec_hf.training.data import target_fingerprint
 
@@ -112,6 +120,11 @@ def test_a_gguf_target_is_converted_once_and_loads_as_the_file_does():
     assert target_fingerprint(converted.model) == target_fingerprint(direct)  # one hidden-state cache for both
     assert converted.tokenizer.get_vocab() == tokenizer.get_vocab() == load_target_tokenizer("smollm2").get_vocab()
     assert converted.tokenizer.chat_template == tokenizer.chat_template
+    # the copy each shipped card carries (the tests' `smollm2_tokenizer`) is the GGUF file's tokenizer
+    for name in SHIPPED_DRAFTERS:
+        card = AutoTokenizer.from_pretrained(shipped_drafter_path(name))
+        assert tokenizer_fingerprint(card) == tokenizer_fingerprint(tokenizer), name
+        assert card.chat_template == tokenizer.chat_template, name
     assert converted.model.generation_config.to_dict() == direct.generation_config.to_dict()
     assert target_context_length("smollm2") == direct.config.max_position_embeddings == 8192
 

@@ -93,6 +93,7 @@ def test_ablation_switches_give_dflash():
 def test_default_taps_and_position_weights():
     assert evenly_spaced_layers(30, 5) == [1, 8, 14, 20, 27]
     assert evenly_spaced_layers(36, 5) == [1, 9, 17, 25, 33]
+    assert evenly_spaced_layers(2, 2) == [1] and evenly_spaced_layers(1, 2) == evenly_spaced_layers(1, 1) == [0]
     drafter = make_dfly(make_target("llama", num_hidden_layers=4), block_size=5, position_decay_gamma=2.0)
     torch.testing.assert_close(drafter.draft_position_weights(), torch.exp(-torch.arange(4.0) / 2.0))
 

@@ -38,9 +38,9 @@ def test_the_one_shot_run_makes_data_trains_scores_and_saves_every_recipe(
         chat_target, smollm2_tokenizer, ["mt_bench", "gsm8k_test"], heldout, limit_per_source=2, max_new_tokens=16
     )
     output = tmp_path / "run"
-    # 10 minutes, of which 12 s make data: a greedy pass over one prompt per set, then sampled passes; the recipes
-    # then stop at their 3 steps, long before their wall-clock budget
-    argv = ["--target", target_dir, "--device", "cpu", "--minutes", "10", "--regenerate-share", "0.02"]
+    # 10 minutes, of which 5 s make data: a greedy pass over one prompt per set (a fraction of a second), then sampled
+    # passes; the recipes then stop at their 3 steps, long before their wall-clock budget
+    argv = ["--target", target_dir, "--device", "cpu", "--minutes", "10", "--regenerate-share", "0.008"]
     argv += ["--output", str(output), "--batch-size", "4", "--max-new-tokens", "12", "--limit-per-source", "1"]
     argv += ["--heldout", heldout, "--train-args", "--max_steps 3"]
     for name in ("mtp", "dfly", "dflash"):

@@ -235,6 +235,7 @@ def test_a_suite_cut_off_resumes_at_the_next_unmeasured_part(smollm2_tokenizer, 
     assert list(partial["domains"]) == domains[:2] and partial["pending"] == [*domains[2:], "engine"]
     page = (tmp_path / "BENCHMARKS.md").read_text()
     assert f"**Incomplete**: still to measure: {', '.join(domains[2:])}, engine." in page and "## qa" not in page
+    assert "![" not in page, "plots are drawn when the suite is complete"
     cut_off, measured[:] = False, []
     with package_log.silent():
         cli_main(suite_command(tmp_path))
@@ -244,6 +245,7 @@ def test_a_suite_cut_off_resumes_at_the_next_unmeasured_part(smollm2_tokenizer, 
     assert report["domains"]["mt_bench"] == partial["domains"]["mt_bench"]  # kept, not measured again
     page = (tmp_path / "BENCHMARKS.md").read_text()
     assert "Incomplete" not in page and "## Batched engine" in page and page.count("Measured 20") == len(domains) + 1
+    assert "![speedup_by_domain.png](out/speedup_by_domain.png)" in page
 
     # A part that cannot be read is measured again; the others are kept.
     (tmp_path / "out" / "parts" / "qa.json").write_text('{"key": ')

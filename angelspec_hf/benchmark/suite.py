@@ -418,7 +418,8 @@ def markdown_report(report: dict, plots: list[str], relative_to: str, command: s
         ),
         *(
             [
-                f"**Incomplete**: still to measure: {', '.join(report['pending'])}. The same command resumes there.",
+                f"**Incomplete**: still to measure: {', '.join(report['pending'])}. The same command resumes there "
+                "(and draws the plots when complete).",
                 "",
             ]
             if report.get("pending")
@@ -550,7 +551,9 @@ def main(args) -> dict:
         with open(temporary, "w") as handle:
             json.dump(report, handle, indent=2)
         os.replace(temporary, os.path.join(args.output_dir, "results.json"))
-        plots = write_plots(report, args.output_dir)
+        # drawn once the suite is complete (each domain's median bar needs every domain); until then the page is
+        # marked incomplete, its tables current
+        plots = [] if report["pending"] else write_plots(report, args.output_dir)
         with open(markdown_path, "w") as handle:
             handle.write(markdown_report(report, plots, os.path.dirname(os.path.abspath(markdown_path)), command))
 

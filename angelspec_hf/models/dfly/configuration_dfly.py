@@ -6,11 +6,13 @@ from ..base import AngelSpecDrafterConfig, check_bool, check_int, check_number
 
 
 def evenly_spaced_layers(num_target_layers: int, count: int) -> list[int]:
-    """`count` target layer indices evenly spaced from 1 to L-3 (DFlash / AngelSpec default taps)."""
-    last = max(1, num_target_layers - 3)
+    """`count` target layer indices evenly spaced from 1 to L-3 (DFlash / AngelSpec default taps); a target of one
+    layer has only layer 0 to tap."""
+    last = min(num_target_layers - 1, max(1, num_target_layers - 3))
+    first = min(1, last)
     if count == 1:
         return [last]
-    return sorted({round(1 + i * (last - 1) / (count - 1)) for i in range(count)})
+    return sorted({round(first + i * (last - first) / (count - 1)) for i in range(count)})
 
 
 class DFlyConfig(AngelSpecDrafterConfig):
