@@ -72,7 +72,8 @@ def test_training_blocks_compute_what_inference_drafts(variant):
 def test_training_blocks_never_see_other_documents_or_later_context():
     drafter = make_dfly(make_target("llama", num_hidden_layers=4), block_size=3)
     documents = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1]])
-    mask = drafter.training_attention_mask(torch.tensor([[2, 6]]), torch.tensor([[True, True]]), documents)[0, 0]
+    anchors, valid = torch.tensor([[2, 6]]), torch.tensor([[True, True]])
+    mask = drafter.training_attention_mask(anchors, valid, documents, drafter.config.block_size)[0, 0]
     context, blocks = mask[:, :8], mask[:, 8:]
     assert context[:3].nonzero()[:, 1].unique().tolist() == [0, 1]  # anchor 2: earlier tokens of document 0
     assert context[3:].nonzero()[:, 1].unique().tolist() == [4, 5]  # anchor 6: earlier tokens of document 1

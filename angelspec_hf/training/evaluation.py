@@ -117,6 +117,7 @@ def estimate_acceptance(drafter, batches: Iterable[dict], target=None, num_draft
                 position_ids=inputs["position_ids"],
                 document_ids=inputs["document_ids"],
                 loss_mask=inputs["loss_mask"],
+                num_draft_tokens=num_draft_tokens,
             )
             teacher = drafter.target_head_logits(hidden[:, -1].flatten(0, 1)[predictions.teacher_positions])
             loss = position_weighted_loss(drafter, predictions.logits, teacher, predictions.draft_positions)

@@ -228,12 +228,14 @@ class AngelSpecMTPDrafter(AngelSpecDrafterPreTrainedModel):
         position_ids: torch.LongTensor,
         document_ids: torch.LongTensor,
         loss_mask: torch.Tensor,
+        num_draft_tokens: int | None = None,
     ) -> DraftPredictions:
         """Training forward: the TTT rollout, keeping the predictions that are supervised.
 
         Depth k at slot t predicts token t+k+2 against the target's distribution at position t+k+1: kept when that
         token is a response token (`loss_mask`) of the same document. In eval mode every depth is unrolled with
-        greedy choices, so the predictions are the greedy draft chain of every slot (the offline acceptance estimate).
+        greedy choices, so the predictions are the greedy draft chain of every slot (the offline acceptance estimate);
+        a round drafting `num_draft_tokens` runs the same depths (the estimate reads the first that many).
         """
         length = input_ids.shape[1]
         logits, features, teacher_positions, draft_positions = [], [], [], []
