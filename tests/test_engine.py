@@ -293,6 +293,38 @@ def test_dcut_prices_drafting_by_what_its_cuts_promised_not_by_the_mean_confiden
     assert always_lost.estimates.drafting_gain[1] < 0 and not always_lost.drafting_pays(budget=100, backlog=4)
 
 
+def test_one_first_round_whose_cut_kept_little_does_not_stop_a_drafter_its_confidences_say_pays():
+    """ĝ's first measurement averages with the g the mean confidences promise: a drafter whose prior says drafting
+    saves a fifth of a round keeps drafting after one round sure of nothing, and a run of such rounds stops it."""
+    from angelspec_hf.generation.policies import DCut, DrafterEstimates
+
+    profile = VerifyCostModel(rows=[1], tokens=[1, 2, 4], seconds=[[1.0, 1.05, 1.1]], context=0)
+    policy = DCut(3, cost_model=profile)
+    policy.estimates = DrafterEstimates(read_ratio=0.0, depth_confidence=torch.tensor([0.6, 0.4, 0.2]))
+    policy.first_draft_seconds = 0.01
+    row = [policy.new_row()]
+    assert policy.draft_count(row, budget=100, backlog=4) == 3
+    promised = policy.saved_fraction(0.01)
+    assert promised > 0.2
+
+    def unsure_round():
+        assert policy.draft_count(row, budget=100, backlog=4) == 3
+        drafting = DraftRound(torch.ones(1), sampled=[False])
+        for _ in range(3):
+            probabilities = torch.full((1, 100), 0.99 / 99)
+            probabilities[0, 0] = 0.01
+            drafting.choose(probabilities.log())
+        policy.depths(drafting, [3], row, draft_seconds=0.5)  # a slow round that verified nothing: g < 0 alone
+
+    unsure_round()
+    assert 0 < policy.estimates.drafting_gain[1] < promised and policy.drafting_pays(budget=100, backlog=4)
+    for _ in range(10):
+        if not policy.drafting_pays(budget=100, backlog=4):
+            break
+        unsure_round()
+    assert policy.estimates.drafting_gain[1] < 0 and not policy.drafting_pays(budget=100, backlog=4)
+
+
 def test_dcut_explores_an_unknown_drafter_early_and_reprobes_within_its_share():
     """An unknown drafter is tried in the first round when the whole run affords it; a known one that does not pay
     is re-probed only as the run's time allows, never spending more than EXPLORATION_SHARE of it."""
