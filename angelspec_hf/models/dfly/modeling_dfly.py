@@ -153,9 +153,8 @@ class DFlyDrafter(AngelSpecDrafterPreTrainedModel):
             )
         return self.norm(hidden)
 
-    def block_ids(self, anchors: torch.LongTensor, length: int | None = None) -> torch.LongTensor:
-        """[..., length]: each anchor token followed by mask tokens (`length` defaults to `block_size`)."""
-        length = self.config.block_size if length is None else length
+    def block_ids(self, anchors: torch.LongTensor, length: int) -> torch.LongTensor:
+        """[..., length]: each anchor token followed by `length - 1` mask tokens."""
         masks = anchors.new_full((*anchors.shape, length - 1), self.config.mask_token_id)
         return torch.cat([anchors[..., None], masks], dim=-1)
 
