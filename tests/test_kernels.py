@@ -46,6 +46,62 @@ def test_a_tuned_linear_gives_f_linears_output_at_every_row_count(bias):
             torch.testing.assert_close(output, reference(x))
 
 
+needs_mkl_packing = pytest.mark.skipif(
+    "mkl_packed" not in kernels.KERNELS, reason="this PyTorch build has no MKL packed GEMM"
+)
+
+
+@needs_mkl_packing
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_mkl_packed_kernel_gives_f_linears_output_and_follows_every_change_of_the_weight(bias):
+    layer = nn.Linear(24, 40, bias=bias)
+    layer.__class__, layer.kernel_plan = TunedLinear, plan_of({rows: ("mkl_packed", rows) for rows in (1, 3, 4)})
+    reference = lambda x: F.linear(x, layer.weight, layer.bias)  # noqa: E731
+    with torch.no_grad():
+        for shape in [(1, 24), (3, 24), (2, 2, 24), (5, 24)]:  # packed, packed, packed (4 rows), beyond the plan
+            x = torch.randn(*shape)
+            torch.testing.assert_close(layer(x), reference(x))
+        x = torch.randn(4, 24)
+        layer.weight.mul_(-2.0)  # an in-place update (an optimizer step)
+        torch.testing.assert_close(layer(x), reference(x))
+        layer.load_state_dict({name: torch.randn_like(value) for name, value in layer.state_dict().items()})
+        torch.testing.assert_close(layer(x), reference(x))
+        layer.weight.data = torch.randn(40, 24)  # new storage
+        torch.testing.assert_close(layer(x), reference(x))
+        assert torch.equal(
+            kernels.KERNELS["mkl_packed"](x.double(), layer.weight.double()), x.double() @ layer.weight.double().t()
+        )
+
+
+@needs_mkl_packing
+def test_packed_copies_stay_out_of_copies_and_pickles_and_go_with_their_plan(tmp_path):
+    import copy
+    import pickle
+
+    target = make_target("llama", dtype=torch.float32)
+    weights = [m.weight for m in target.modules() if isinstance(m, nn.Linear)]
+    tune_linear_kernels(target, path=saved_plan(tmp_path, {rows: ("mkl_packed", rows) for rows in range(1, 5)}))
+    prompt = torch.tensor([[3, 5, 7, 9]])
+    with torch.no_grad():
+        logits = target(prompt).logits  # 4 rows through every layer: every weight packed
+    assert all(id(weight) in kernels._PACKED for weight in weights)
+    twin = copy.deepcopy(target)
+    pickle.loads(pickle.dumps(target))
+    with torch.no_grad():
+        torch.testing.assert_close(twin(prompt).logits, logits)
+    untune_linear_kernels(target)
+    assert not any(id(weight) in kernels._PACKED for weight in weights)
+
+
+@needs_mkl_packing
+def test_a_measured_plan_that_does_not_pack_keeps_no_packed_copies(monkeypatch):
+    target = make_target("llama", dtype=torch.float32)
+    weights = [m.weight for m in target.modules() if isinstance(m, nn.Linear)]
+    monkeypatch.setattr(LinearKernelPlan, "from_seconds", classmethod(lambda cls, seconds, machine: plan_of({})))
+    kernels.measure_linear_kernels(target, max_rows=4, repeats=1)
+    assert not any(id(weight) in kernels._PACKED for weight in weights)
+
+
 def test_the_plan_takes_a_larger_row_count_or_the_other_kernel_only_when_it_is_faster_by_the_margin():
     seconds = {
         "x_wt": [0.050, 0.080, 0.100, 0.070, 0.060],
@@ -97,6 +153,11 @@ def test_a_cached_plan_is_reused_and_an_unreadable_or_unmeant_one_is_measured_ag
     with package_log.silent():
         tune_linear_kernels(target, path=path, measure=True)  # asked for: measured again, silently
     assert measured == [kernels.MAX_ROWS] * 2
+    older = LinearKernelPlan(kernels.MAX_ROWS, {"x_wt": [1.0] * kernels.MAX_ROWS}, {}, {})
+    older.save(path)  # timed without this build's other kernels (an older package's plan)
+    with package_log.silent():
+        assert set(tune_linear_kernels(target, path=path).seconds) == set(kernels.KERNELS)
+    assert measured == [kernels.MAX_ROWS] * 3
 
 
 def test_training_through_tuned_linears_takes_f_linear_and_its_gradients(tmp_path):

@@ -5,9 +5,14 @@ with n until the product turns compute-bound: that flat stretch is what speculat
 delivers it. On this project's machine (AMD EPYC, PyTorch's MKL build) `F.linear`, y = x Wᵀ, costs per forward of
 SmolLM2-135M about 51 ms of products for one row, 63 for two and 79 for three, while the same products taken as
 (W xᵀ)ᵀ cost 17 ms for two rows and 26 for four: a different GEMM shape that streams each weight once.
-`tune_linear_kernels(model)` times both orientations over all of a model's linear layers at every row count up
-to `max_rows` (a sweep over every layer, so the weights come from memory as in a forward), lets a row count borrow
-a larger one's kernel by padding with zero rows where that is faster, and makes each `nn.Linear` follow the plan.
+On the Intel Xeon (AMX) machine both orientations step up at four rows (a sweep over SmolLM2-135M's products on
+random weights of its shapes, one thread: 43 ms for three rows, 67 for four, 92 for eight), while MKL's packed GEMM (`cblas_sgemm_pack` once per weight,
+then `cblas_sgemm_compute`, PyTorch's `mkl::_mkl_linear`) costs 47 for four and 56 for eight: the weight laid out
+once for the small-M kernel. `tune_linear_kernels(model)` times each kernel over all of a model's linear layers at
+every row count up to `max_rows` (a sweep over every layer, so the weights come from memory as in a forward), lets
+a row count borrow a larger one's kernel by padding with zero rows where that is faster, and makes each
+`nn.Linear` follow the plan. A plan that uses the packed kernel keeps a packed copy of each weight beside it (the
+linear weights twice in memory: about 0.5 GB more for SmolLM2-135M in float32).
 The plan is cached per machine beside the verify-cost profile, whose key names the plan (D-cut's profile is of the
 tuned model). Outputs equal `F.linear`'s up to float rounding (another summation order), like any change of batch
 shape; autograd and row counts beyond `max_rows` take `F.linear` unchanged.
@@ -19,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import weakref
 from dataclasses import asdict, dataclass
 
 import torch
@@ -38,9 +44,52 @@ def _weight_columns(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.mm(weight, x.t()).t()
 
 
-KERNELS = {"x_wt": _weight_rows, "w_xt": _weight_columns}
-DEFAULT_KERNEL = "x_wt"
 MAX_ROWS = 16  # row counts tuned: a verify of up to 16 tokens, or that many single-token rows
+# Each float32 weight's MKL-packed copy, by the weight's id: (the weight, its version and storage when packed, the
+# packed copy). Kept here rather than on the parameter, so that pickling or copying a model never meets an opaque
+# packed tensor; an entry goes with its weight.
+_PACKED: dict[int, tuple[weakref.ref, tuple[int, int], torch.Tensor]] = {}
+
+
+def _mkl_packing_available() -> bool:
+    """Whether this PyTorch build has MKL's packed GEMM (x86 builds with MKL)."""
+    try:
+        return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _packed_copy(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` packed for MKL's small-M GEMM (`cblas_sgemm_pack`), made on first use and again after the weight
+    changed (an in-place update, `load_state_dict`, new storage)."""
+    key, stamp = id(weight), (weight._version, weight.data_ptr())
+    entry = _PACKED.get(key)
+    if entry is None or entry[0]() is not weight or entry[1] != stamp:
+        if entry is None:
+            weakref.finalize(weight, _PACKED.pop, key, None)
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), MAX_ROWS)
+        entry = _PACKED[key] = (weakref.ref(weight), stamp, packed)
+    return entry[2]
+
+
+def _packed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """y = x Wᵀ by MKL's packed GEMM over W's packed copy (`F.linear` for what it does not take: other than float32
+    on the CPU)."""
+    if weight.dtype != torch.float32 or x.dtype != torch.float32 or weight.device.type != "cpu":
+        return F.linear(x, weight)
+    return torch.ops.mkl._mkl_linear(x, _packed_copy(weight), weight, None, x.shape[0])
+
+
+def forget_packed_copies(weights) -> None:
+    """Drop the packed copies of these weights (a plan that does not use them)."""
+    for weight in weights:
+        _PACKED.pop(id(weight), None)
+
+
+KERNELS = {"x_wt": _weight_rows, "w_xt": _weight_columns}
+if _mkl_packing_available():
+    KERNELS["mkl_packed"] = _packed
+DEFAULT_KERNEL = "x_wt"
 MARGIN = 0.05  # a kernel replaces the default only when a sweep with it is at least this much faster
 
 
@@ -116,11 +165,12 @@ def _linear_layers(model: nn.Module) -> list[nn.Linear]:
 
 
 def untune_linear_kernels(model: nn.Module) -> None:
-    """Back to plain `nn.Linear` everywhere."""
+    """Back to plain `nn.Linear` everywhere (packed copies dropped)."""
     for module in _linear_layers(model):
         if isinstance(module, TunedLinear):
             module.__class__ = nn.Linear
             del module.kernel_plan
+            forget_packed_copies([module.weight])
 
 
 @torch.no_grad()
@@ -153,7 +203,10 @@ def measure_linear_kernels(model: nn.Module, max_rows: int = MAX_ROWS, repeats: 
                 if repeat:
                     timings[name][index].append(time.perf_counter() - start)
     seconds = {name: [sorted(times)[len(times) // 2] for times in lines] for name, lines in timings.items()}
-    return LinearKernelPlan.from_seconds(seconds, machine_description(model))
+    plan = LinearKernelPlan.from_seconds(seconds, machine_description(model))
+    if "mkl_packed" not in {name for name, _ in plan.choices.values()}:
+        forget_packed_copies(layer.weight for layer in layers)
+    return plan
 
 
 def kernel_plan_path(model: nn.Module) -> str:
@@ -178,7 +231,8 @@ def tune_linear_kernels(
         LinearKernelPlan.load,
         "linear-kernel plan",
         lambda cached: measure_linear_kernels(model, max_rows=max_rows),
-        usable=lambda plan: plan.max_rows == max_rows,
+        # a plan timed without one of this build's kernels (an older package's) is measured again
+        usable=lambda plan: plan.max_rows == max_rows and set(plan.seconds) == set(KERNELS),
         fresh=measure,
     )
     follow_plan(model, plan)
