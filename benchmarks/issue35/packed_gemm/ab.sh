@@ -1,0 +1,17 @@
+#!/bin/bash
+# Before/after the MKL packed GEMM kernel (commit 41cba48), old and new code back to back on the same idle machine,
+# default threads: the old code (da8ac1c, a git worktree at /tmp/wt_old) with its own measurement cache, so each
+# code measures its own kernel plan and verify profile.
+set -e
+cd "$(dirname "$0")/../../.."
+out=benchmarks/issue35/packed_gemm
+for prompts in gsm8k_test mt_bench; do
+  order="old new"; [ $prompts = mt_bench ] && order="new old"  # each code first once
+  for code in $order; do
+    if [ $code = old ]; then path=/tmp/wt_old; cache=/tmp/cache_ab_old; else path=.; cache=/tmp/cache_ab_new; fi
+    ANGELSPEC_CACHE=$cache PYTHONPATH=$path .venv/bin/python -m angelspec_hf.cli bench \
+      --drafter smollm2-135m-instruct-suffix --drafter smollm2-135m-instruct-mtp \
+      --prompts $prompts --data-dir ../shared/data --limit 8 --max-new-tokens 128 \
+      --output $out/${prompts}_${code}.json > $out/${prompts}_${code}.log 2>&1
+  done
+done
