@@ -72,12 +72,12 @@ def _packed_copy(weight: torch.Tensor) -> torch.Tensor:
     return entry[2]
 
 
-def _packed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """y = x Wᵀ by MKL's packed GEMM over W's packed copy (`F.linear` for what it does not take: other than float32
-    on the CPU)."""
+def _packed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x Wᵀ (+ b) by MKL's packed GEMM over W's packed copy, x of any leading shape (`F.linear` for what it does
+    not take: other than float32 on the CPU)."""
     if weight.dtype != torch.float32 or x.dtype != torch.float32 or weight.device.type != "cpu":
-        return F.linear(x, weight)
-    return torch.ops.mkl._mkl_linear(x, _packed_copy(weight), weight, None, x.shape[0])
+        return F.linear(x, weight, bias)
+    return torch.ops.mkl._mkl_linear(x, _packed_copy(weight), weight, bias, x.numel() // x.shape[-1])
 
 
 def forget_packed_copies(weights) -> None:
@@ -86,9 +86,10 @@ def forget_packed_copies(weights) -> None:
         _PACKED.pop(id(weight), None)
 
 
+PACKED = "mkl_packed"
 KERNELS = {"x_wt": _weight_rows, "w_xt": _weight_columns}
 if _mkl_packing_available():
-    KERNELS["mkl_packed"] = _packed
+    KERNELS[PACKED] = _packed
 DEFAULT_KERNEL = "x_wt"
 MARGIN = 0.05  # a kernel replaces the default only when a sweep with it is at least this much faster
 
@@ -151,6 +152,8 @@ class TunedLinear(nn.Linear):
         if choice is None or (torch.is_grad_enabled() and (input.requires_grad or self.weight.requires_grad)):
             return super().forward(input)
         name, padded = choice
+        if name == PACKED and padded == rows:  # takes the input as it is, and the bias: no reshapes or copies
+            return _packed(input, self.weight, self.bias)
         flat = input.reshape(rows, self.in_features)
         if padded > rows:
             flat = F.pad(flat, (0, 0, 0, padded - rows))
@@ -204,7 +207,7 @@ def measure_linear_kernels(model: nn.Module, max_rows: int = MAX_ROWS, repeats: 
                     timings[name][index].append(time.perf_counter() - start)
     seconds = {name: [sorted(times)[len(times) // 2] for times in lines] for name, lines in timings.items()}
     plan = LinearKernelPlan.from_seconds(seconds, machine_description(model))
-    if "mkl_packed" not in {name for name, _ in plan.choices.values()}:
+    if PACKED not in {name for name, _ in plan.choices.values()}:
         forget_packed_copies(layer.weight for layer in layers)
     return plan
 
