@@ -5,18 +5,18 @@ with n until the product turns compute-bound: that flat stretch is what speculat
 delivers it. On this project's machine (AMD EPYC, PyTorch's MKL build) `F.linear`, y = x Wᵀ, costs per forward of
 SmolLM2-135M about 51 ms of products for one row, 63 for two and 79 for three, while the same products taken as
 (W xᵀ)ᵀ cost 17 ms for two rows and 26 for four: a different GEMM shape that streams each weight once.
-On the Intel Xeon (AMX) machine both orientations step up at four rows (a sweep over SmolLM2-135M's products on
-random weights of its shapes, one thread: 43 ms for three rows, 67 for four, 92 for eight), while MKL's packed GEMM (`cblas_sgemm_pack` once per weight,
-then `cblas_sgemm_compute`, PyTorch's `mkl::_mkl_linear`) costs 47 for four and 56 for eight: the weight laid out
-once for the small-M kernel. `tune_linear_kernels(model)` times each kernel over all of a model's linear layers at
-every row count up to `max_rows` (a sweep over every layer, so the weights come from memory as in a forward), lets
-a row count borrow a larger one's kernel by padding with zero rows where that is faster, and makes each
-`nn.Linear` follow the plan. A plan that uses the packed kernel keeps a packed copy of each weight beside it (the
-linear weights twice in memory: about 0.5 GB more for SmolLM2-135M in float32).
+On the Intel Xeon (AMX) machine both orientations step up at four rows instead (a sweep over SmolLM2-135M's
+products, 2 threads: 23 ms for three rows, 34 for four, 42 for eight), while MKL's packed GEMM (`cblas_sgemm_pack`
+once per weight, then `cblas_sgemm_compute`, PyTorch's `mkl::_mkl_linear`) costs 27 for four and 33 for eight: the
+weight laid out once for the small-M kernel. `tune_linear_kernels(model)` times each kernel over all of a model's
+linear layers at every row count up to `max_rows` (a sweep over every layer, so the weights come from memory as in a
+forward), lets a row count borrow a larger one's kernel by padding with zero rows where that is faster, and makes
+each `nn.Linear` follow the plan. A plan that uses the packed kernel keeps a packed copy of each weight beside it
+(the linear weights twice in memory: about 0.5 GB more for SmolLM2-135M in float32).
 The plan is cached per machine beside the verify-cost profile, whose key names the plan (D-cut's profile is of the
 tuned model). Outputs equal `F.linear`'s up to float rounding (another summation order), like any change of batch
 shape; autograd and row counts beyond `max_rows` take `F.linear` unchanged.
-Written by hand: no library chooses a GEMM orientation by row count.
+Written by hand: no library chooses a GEMM kernel by row count.
 """
 
 from __future__ import annotations
