@@ -76,6 +76,7 @@ def test_the_mkl_packed_kernel_gives_f_linears_output_and_follows_every_change_o
 @needs_mkl_packing
 def test_packed_copies_stay_out_of_copies_and_pickles_and_go_with_their_plan(tmp_path):
     import copy
+    import gc
     import pickle
 
     target = make_target("llama", dtype=torch.float32)
@@ -89,6 +90,11 @@ def test_packed_copies_stay_out_of_copies_and_pickles_and_go_with_their_plan(tmp
     pickle.loads(pickle.dumps(target))
     with torch.no_grad():
         torch.testing.assert_close(twin(prompt).logits, logits)
+    twin_keys = [id(m.weight) for m in twin.modules() if isinstance(m, nn.Linear)]
+    assert all(key in kernels._PACKED for key in twin_keys)
+    del twin
+    gc.collect()
+    assert not any(key in kernels._PACKED for key in twin_keys)  # an entry goes with its weight
     untune_linear_kernels(target)
     assert not any(id(weight) in kernels._PACKED for weight in weights)
 

@@ -45,9 +45,9 @@ def _weight_columns(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 MAX_ROWS = 16  # row counts tuned: a verify of up to 16 tokens, or that many single-token rows
-# Each float32 weight's MKL-packed copy, by the weight's id: (the weight, its version and storage when packed, the
-# packed copy). Kept here rather than on the parameter, so that pickling or copying a model never meets an opaque
-# packed tensor; an entry goes with its weight.
+# Each float32 weight's MKL-packed copy, by the weight's id: (a weak reference to the weight, its version and storage
+# when packed, the packed copy). Kept here rather than on the parameter, so that pickling or copying a model never
+# meets an opaque packed tensor; the reference's callback drops the entry with its weight.
 _PACKED: dict[int, tuple[weakref.ref, tuple[int, int], torch.Tensor]] = {}
 
 
@@ -65,10 +65,8 @@ def _packed_copy(weight: torch.Tensor) -> torch.Tensor:
     key, stamp = id(weight), (weight._version, weight.data_ptr())
     entry = _PACKED.get(key)
     if entry is None or entry[0]() is not weight or entry[1] != stamp:
-        if entry is None:
-            weakref.finalize(weight, _PACKED.pop, key, None)
         packed = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), MAX_ROWS)
-        entry = _PACKED[key] = (weakref.ref(weight), stamp, packed)
+        entry = _PACKED[key] = (weakref.ref(weight, lambda _, key=key: _PACKED.pop(key, None)), stamp, packed)
     return entry[2]
 
 

@@ -4,6 +4,7 @@
 # code measures its own kernel plan and verify profile.
 set -e
 cd "$(dirname "$0")/../../.."
+[ -d /tmp/wt_old ] || git worktree add /tmp/wt_old da8ac1c
 out=benchmarks/issue35/packed_gemm
 for prompts in gsm8k_test mt_bench; do
   order="old new"; [ $prompts = mt_bench ] && order="new old"  # each code first once
