@@ -10,7 +10,7 @@ from conftest import make_target
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter
 from angelspec_hf.generation import policies, verify_cost
-from angelspec_hf.generation.dcut import ConfidenceCalibrator, dcut_depths, prefix_confidence
+from angelspec_hf.generation.dcut import ConfidenceCalibrator, dcut_depths, observed_steps, prefix_confidence
 from angelspec_hf.generation.verify_cost import VerifyCostModel
 
 
@@ -54,19 +54,47 @@ def test_free_verification_verifies_everything_and_expensive_verification_nothin
     assert dcut_depths(confidences, costly) == [0]
 
 
-def test_calibration_learns_the_observed_acceptance_and_stays_monotone():
+def test_calibration_learns_each_steps_acceptance_and_multiplies_them():
+    """Before any observation the calibration is the identity (the raw prefix product); an overconfident drafter
+    whose later steps at 0.95 are accepted 30 % of the time gets those steps' rate, prefixes get the product of their
+    steps' rates, never growing along the draft; the first step, calibrated apart, keeps its own."""
     calibrator = ConfidenceCalibrator()
     raw = torch.tensor([0.95, 0.9, 0.5, 0.45])
-    assert torch.allclose(calibrator(raw), raw.double())
-    for step in range(300):  # the drafter is overconfident: its 0.9+ tokens are accepted 30% of the time
-        calibrator.update(torch.tensor([0.95]), torch.tensor([step % 10 < 3]))
-    calibrated = calibrator(raw)
-    assert abs(float(calibrated[0]) - 0.3) < 0.05
-    assert torch.all(calibrated[1:] <= calibrated[:-1])
-    table = calibrator.table()
-    assert (
-        table[9]["weight"] > 50 and abs(table[9]["accepted_rate"] - 0.3) < 0.05 and table[0]["accepted_rate"] is None
+    assert torch.allclose(calibrator(raw), prefix_confidence(raw))
+    for step in range(300):
+        calibrator.update(torch.tensor([0.95]), torch.tensor([1]), torch.tensor([step % 10 < 3]))
+    calibrated = calibrator(torch.tensor([0.95, 0.95, 0.95]))
+    assert calibrated[0] == pytest.approx(0.95)  # first steps never observed: still the identity
+    assert calibrated[1] == pytest.approx(0.95 * 0.3, abs=0.02) and calibrated[2] == pytest.approx(
+        0.95 * 0.09, abs=0.02
     )
+    assert torch.all(calibrator(raw)[1:] <= calibrator(raw)[:-1])
+    table = calibrator.table()
+    later = [row for row in table if row["step"] == "later"]
+    assert len(table) == 20 and later[9]["weight"] > 50 and abs(later[9]["accepted_rate"] - 0.3) < 0.05
+    assert table[9]["accepted_rate"] is None  # the first step's bin
+
+
+def test_observed_steps_are_those_reached_with_an_accepted_prefix():
+    """A verified row tells the acceptance of each step up to its first rejection, nothing of the steps after it."""
+    assert observed_steps(4, 2) == (3, [True, True, False])
+    assert observed_steps(3, 3) == (3, [True, True, True])
+    assert observed_steps(0, 0) == (0, [])
+    assert observed_steps(5, 0) == (1, [False])
+
+
+def test_a_sampled_rows_confidence_reads_only_what_was_known_before_each_draw():
+    """c_k = Π_{j<k} a(q_j(x_j)) · a(m_k): changing the drawn token's probability at step k changes the confidences
+    after k, never c_k itself."""
+    calibrator = ConfidenceCalibrator()
+    for step in range(100):
+        calibrator.update(
+            torch.tensor([0.35, 0.75]), torch.tensor([0, 1]), torch.tensor([step % 2 == 0, step % 4 == 0])
+        )
+    known = torch.tensor([0.6, 0.5, 0.4])
+    before = calibrator(torch.tensor([0.3, 0.7, 0.2]), known)
+    after = calibrator(torch.tensor([0.3, 0.1, 0.9]), known)
+    assert torch.equal(before[:2], after[:2]) and not torch.equal(before[2], after[2])
 
 
 def test_calibration_keeps_one_map_per_source():
@@ -76,12 +104,15 @@ def test_calibration_keeps_one_map_per_source():
     calibrator = ConfidenceCalibrator()
     for step in range(300):
         calibrator.update(
-            torch.tensor([0.95, 0.95]), torch.tensor([step % 10 < 3, step % 10 < 9]), sources=torch.tensor([0, 2])
+            torch.tensor([0.95, 0.95]),
+            torch.tensor([0, 0]),
+            torch.tensor([step % 10 < 3, step % 10 < 9]),
+            sources=torch.tensor([0, 2]),
         )
     raw = torch.tensor([[0.95, 0.5], [0.95, 0.5], [0.95, 0.5]])
     calibrated = calibrator(raw, sources=torch.tensor([[0], [2], [1]]))
     assert abs(float(calibrated[0, 0]) - 0.3) < 0.05 and abs(float(calibrated[1, 0]) - 0.9) < 0.05
-    assert torch.allclose(calibrated[2], raw[2].double())  # source 1 never drafted: the identity
+    assert torch.allclose(calibrated[2], prefix_confidence(raw[2]))  # source 1 never drafted: the identity
     assert abs(calibrator.table(2)[9]["accepted_rate"] - 0.9) < 0.05 and calibrator.table(1)[9]["weight"] == 0
 
 

@@ -115,7 +115,7 @@ def assert_target_law(counts, law):
 def frozen_calibration(monkeypatch):
     """Keep D-cut's confidences raw, so its cut keeps depending on the drafted probabilities (the adversarial case:
     a calibrator that learns a confidently wrong drafter away would stop drafting and test nothing)."""
-    monkeypatch.setattr(ConfidenceCalibrator, "update", lambda self, raw, accepted, sources=None: None)
+    monkeypatch.setattr(ConfidenceCalibrator, "update", lambda self, raw, steps, accepted, sources=None: None)
 
 
 def sample_first_tokens(path, schedule, target, drafter, seed, profile, samples):
@@ -295,7 +295,7 @@ def test_non_finite_draft_scores_warn_once_and_are_never_verified(package_log):
     with package_log.silent():
         drafting.choose(torch.tensor([[1.0, 2.0, 0.5], [0.0, 0.0, 1.0], [float("inf"), 0.0, 0.0]]))  # once only
     assert drafting.usable_steps() == [2, 0, 1]  # once broken, a row's later steps are not verified either
-    assert torch.equal(drafting.confidence()[1], torch.zeros(2, dtype=torch.float64))
+    assert torch.equal(drafting.confidence(ConfidenceCalibrator())[1], torch.zeros(2, dtype=torch.float64))
 
 
 # -- the engine: one bad request never costs the others ------------------------------------------------------------
@@ -446,13 +446,14 @@ def test_soak_a_thousand_mixed_requests_arriving_at_random():
 
 
 def test_greedy_confidence_is_the_prefix_product_of_section_4():
-    """A greedy row's token is the argmax, so E[q] is replaced by max q = q(x): greedy D-cut decides as before."""
+    """A greedy row's token is the argmax, so E[q] is replaced by max q = q(x): before any calibration (the
+    identity), a greedy row's confidence is §4's prefix product of its draft probabilities."""
     logits = torch.randn(3, 4, 7, generator=torch.Generator().manual_seed(0)) * 3
     drafting = draft_round.DraftRound(torch.ones(3), sampled=[False] * 3)
     for step in range(4):
         drafting.choose(logits[:, step])
     chosen = logits.softmax(-1).max(-1).values
-    assert torch.allclose(drafting.confidence(), dcut.prefix_confidence(chosen))
+    assert torch.allclose(drafting.confidence(ConfidenceCalibrator()), dcut.prefix_confidence(chosen))
 
 
 def test_sampling_with_stop_strings_decodes_without_drafts(smollm2_tokenizer, package_log):

@@ -15,6 +15,7 @@ import os
 import platform
 import statistics
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import transformers
@@ -107,15 +108,27 @@ class MethodResult:
 
 
 def drafter_methods(
-    name: str, drafter, full_vocab_variant: bool = False, schedules: tuple[str, ...] = ("dcut",)
+    name: str,
+    drafter,
+    full_vocab_variant: bool = False,
+    schedules: tuple[str, ...] = ("dcut",),
+    load_another: Callable[[], torch.nn.Module] | None = None,
 ) -> list[Method]:
     """The methods a drafter takes part in: ours through `generate(assistant_model=...)` with each verify-depth
-    schedule, and for the DFlash configuration also transformers' built-in DFlash generator."""
+    schedule, and for the DFlash configuration also transformers' built-in DFlash generator.
+
+    Each schedule after the first drafts with a drafter of its own from `load_another()` (needed with several
+    schedules): the methods run back to back on each prompt, so a drafter that learns while serving (the suffix
+    index), shared, would draft under the second schedule the answer it recorded under the first, and D-cut's
+    calibration would mix the schedules' rounds."""
+    if len(schedules) > 1 and load_another is None:
+        raise ValueError(f"{name}: several schedules {schedules} need load_another, a drafter of their own each")
     config = drafter.config
     kind = config.drafter_kind
+    drafters = [drafter] + [load_another() for _ in schedules[1:]]
     methods = [
-        Method(f"{kind}:{name}[{policy.label}]", {"assistant_model": drafter}, drafter, policy)
-        for policy in (resolve_policy(schedule, drafter) for schedule in schedules)
+        Method(f"{kind}:{name}[{policy.label}]", {"assistant_model": own}, own, policy)
+        for own, policy in ((own, resolve_policy(schedule, own)) for own, schedule in zip(drafters, schedules))
     ]
     if full_vocab_variant and config.draft_vocab_size:
         full = drafter.with_full_vocabulary()
@@ -421,13 +434,18 @@ def main(args: argparse.Namespace) -> dict:
         methods.append(assisted_heuristic_method(target.model, args.early_exit_assistant))
     for spec in args.drafter:
         path, _, own_schedules = spec.partition("@")
-        try:
+
+        def load(path=path):
             drafter = load_drafter(path, target.model, target.tokenizer)
+            if args.num_draft_tokens is not None:
+                drafter.generation_config.num_assistant_tokens = args.num_draft_tokens
+            return drafter
+
+        try:
+            drafter = load()
         except (OSError, ValueError) as error:  # reported as a failed method; the others still run
             methods.append(Method(os.path.basename(os.path.normpath(path)), error=f"{type(error).__name__}: {error}"))
             continue
-        if args.num_draft_tokens is not None:
-            drafter.generation_config.num_assistant_tokens = args.num_draft_tokens
         schedules = tuple(
             schedule.strip() for schedule in (own_schedules or args.schedules).split(",") if schedule.strip()
         )
@@ -435,7 +453,7 @@ def main(args: argparse.Namespace) -> dict:
         if args.concurrency:
             engine_drafters.append((name, drafter, schedules))
         else:
-            methods += drafter_methods(name, drafter, args.full_vocab_variant, schedules)
+            methods += drafter_methods(name, drafter, args.full_vocab_variant, schedules, load_another=load)
     prompts = [row["prompt"] for row in load_prompts(args.prompts, data_dir=args.data_dir, limit=args.limit)]
     if args.concurrency:
         report = engine_main(args, target, engine_drafters, prompts)

@@ -22,7 +22,8 @@ class _DraftSteps:
     finished_at: list[float]
     max_steps: int | None = None  # the most steps the drafter of these rows takes, when below the round's (a member's)
 
-    def confidence(self) -> torch.Tensor:
+    def confidence(self, calibrator) -> torch.Tensor:
+        """The calibrated confidences c_k of the steps drafted so far, [rows, steps] (`ConfidenceCalibrator`)."""
         raise NotImplementedError
 
     def step_seconds(self, previous: float) -> float:
@@ -42,7 +43,7 @@ class _DraftSteps:
     def worth_continuing(self, calibrator, verify_seconds, max_draft: int, step_seconds: float) -> bool:
         """D-cut's early exit after a step (`worth_drafting_further` on the calibrated confidences so far), weighing
         no more further steps than the drafter of these rows can take."""
-        confidences = list(calibrator(self.confidence(), self.row_sources()))
+        confidences = list(self.confidence(calibrator))
         most = max_draft if self.max_steps is None else min(max_draft, self.max_steps)
         return worth_drafting_further(
             confidences, verify_seconds, most, time.perf_counter() - self.start, step_seconds
@@ -55,10 +56,11 @@ class DraftRound(_DraftSteps):
     verify policy needs — each step's confidence inputs, which steps had usable (finite) scores, and timing. It is
     the `choose` a drafter's `propose` calls; `keep_drafting()` asks the verify policy whether to draft on.
 
-    Confidence of step k (`confidence()`): c_k = Π_{j<k} q_j(x_j) · m_k, where m_k is known before x_k is drawn:
-    max q_k for a greedy row (so c_k is the prefix product Π_{j≤k} q_j(x_j) of §4), E_{x~q_k}[q_k(x)] = Σ q_k² for
-    a sampled row. Rejection sampling is exact only if whether x_k is verified does not depend on x_k itself, so a
-    sampled row's confidence at k must not read x_k (`dcut_depths` also decides such rows position by position).
+    Confidence of step k (`confidence(calibrator)`): c_k = Π_{j<k} a(q_j(x_j)) · a(m_k), a() the calibrated
+    conditional acceptance of a step, where m_k is known before x_k is drawn: max q_k for a greedy row (so c_k is
+    §4's prefix product Π_{j≤k} q_j(x_j), each factor calibrated), E_{x~q_k}[q_k(x)] = Σ q_k² for a sampled row.
+    Rejection sampling is exact only if whether x_k is verified does not depend on x_k itself, so a sampled row's
+    confidence at k must not read x_k (`dcut_depths` also decides such rows position by position).
     A row whose draft scores turn non-finite (a broken drafter) drafts nothing usable from that step on. A drafter
     that drafts some rows apart from the others (the router's members) picks them through `rows(...)`, and names
     each row's member in `sources` so that D-cut calibrates each member's confidences apart; a row that drafts fewer
@@ -156,14 +158,13 @@ class DraftRound(_DraftSteps):
         return self.keep_drafting_rule is None or self.keep_drafting_rule(self)
 
     def chosen_probabilities(self) -> torch.Tensor:
-        """The draft probabilities so far, [rows, steps], on the CPU."""
+        """The draft probabilities q_k(x_k) so far, [rows, steps], on the CPU."""
         return torch.stack(self.probabilities, 1)
 
-    def confidence(self) -> torch.Tensor:
-        """c_k = Π_{j<k} q_j(x_j) · m_k for the steps so far, [rows, steps] (see the class docstring)."""
-        chosen, known = self.chosen_probabilities().double(), torch.stack(self.known_before, 1).double()
-        before = torch.cat([torch.ones_like(chosen[:, :1]), chosen[:, :-1]], 1).cumprod(-1)
-        return before * known
+    def confidence(self, calibrator) -> torch.Tensor:
+        """c_k = Π_{j<k} a(q_j(x_j)) · a(m_k) for the steps so far, [rows, steps] (see the class docstring)."""
+        known = torch.stack(self.known_before, 1)
+        return calibrator(self.chosen_probabilities(), known, self.row_sources())
 
     def usable_steps(self) -> list[int]:
         """Per row, how many leading steps had finite draft scores (only those may be verified)."""
@@ -194,8 +195,8 @@ class DraftRoundRows(_DraftSteps):
         self.finished_at.append(time.perf_counter())
         return token
 
-    def confidence(self) -> torch.Tensor:
-        return self.round.confidence()[self.row_index, : len(self.finished_at)]
+    def confidence(self, calibrator) -> torch.Tensor:
+        return self.round.confidence(calibrator)[self.row_index, : len(self.finished_at)]
 
     def row_sources(self) -> torch.LongTensor:
         return self.round.sources[self.row_index, None]

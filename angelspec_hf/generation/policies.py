@@ -23,7 +23,7 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from .dcut import ConfidenceCalibrator, dcut_depths
+from .dcut import ConfidenceCalibrator, dcut_depths, observed_steps
 from .draft_round import DraftRound
 from .schedules import CONSTANT, DCUT, HEURISTIC, parse_label
 from .verify_cost import CorrectedCost, VerifyCost, load_cost_model
@@ -319,7 +319,7 @@ class DCut(VerifyPolicy):
         if not drafted:
             self._record_gain(drafting, [], [0] * len(caps), draft_seconds)
             return [0] * len(caps)
-        calibrated = self.calibrator(drafting.confidence()[:, :drafted], drafting.row_sources())  # k: steps ≤ k
+        calibrated = drafting.confidence(self.calibrator)[:, :drafted]  # k: steps ≤ k
         self._record_drafting(calibrated, drafting)
         confidences = [row[:cap] for row, cap in zip(calibrated, caps)]
         depths = dcut_depths(confidences, self.verify_seconds, draft_seconds, sampled=drafting.sampled.tolist())
@@ -380,14 +380,16 @@ class DCut(VerifyPolicy):
             )
 
     def observe(self, drafting, depths, accepted, rows):
-        verified = [r for r, depth in enumerate(depths) if depth]
-        if not verified:
+        observed = [(r, *observed_steps(depth, count)) for r, (depth, count) in enumerate(zip(depths, accepted))]
+        observed = [(r, reached, outcomes) for r, reached, outcomes in observed if reached]
+        if not observed:
             return
-        confidence = drafting.confidence()
+        chosen = drafting.chosen_probabilities()
         self.calibrator.update(
-            torch.cat([confidence[r, : depths[r]] for r in verified]),
-            torch.cat([torch.arange(depths[r]) < accepted[r] for r in verified]),
-            torch.cat([drafting.sources[r].repeat(depths[r]) for r in verified]),
+            torch.cat([chosen[r, :reached] for r, reached, _ in observed]),
+            torch.cat([torch.arange(reached) for _, reached, _ in observed]),
+            torch.tensor([outcome for _, _, outcomes in observed for outcome in outcomes]),
+            torch.cat([drafting.sources[r].repeat(reached) for r, reached, _ in observed]),
         )
 
 

@@ -1,0 +1,19 @@
+#!/bin/bash
+# Before/after D-cut's per-step calibration (the confidence of a prefix is the product of its steps' calibrated
+# conditional acceptance, a round's first step calibrated apart), old and new code back to back on the same idle
+# machine, default threads: the old code (a2bfa29, a git worktree at /tmp/wt_old) with its own measurement cache
+# (both seeded with the same kernel plan and verify profile). One schedule (dcut) per drafter.
+set -e
+cd "$(dirname "$0")/../../.."
+[ -d /tmp/wt_old ] || git worktree add /tmp/wt_old a2bfa29
+out=benchmarks/issue35/step_calibration
+for prompts in gsm8k_test mt_bench; do
+  order="old new"; [ $prompts = mt_bench ] && order="new old"  # each code first once
+  for code in $order; do
+    if [ $code = old ]; then path=/tmp/wt_old; cache=/tmp/cache_ab_old; else path=.; cache=/tmp/cache_ab_new; fi
+    ANGELSPEC_CACHE=$cache PYTHONPATH=$path .venv/bin/python -m angelspec_hf.cli bench \
+      --drafter smollm2-135m-instruct-suffix --drafter smollm2-135m-instruct-mtp --drafter smollm2-135m-instruct-dfly \
+      --prompts $prompts --data-dir ../shared/data --limit 8 --max-new-tokens 128 \
+      --output $out/${prompts}_${code}.json > $out/${prompts}_${code}.log 2>&1
+  done
+done
