@@ -1,5 +1,6 @@
 """A SmolLM2 verify forward per token count after a 128-token prefill, with the tuned plan (issue 35; not part of
-the package). NO_PACKED=1 tunes without the MKL packed kernel; give each setting its own ANGELSPEC_CACHE."""
+the package). NO_PACKED=1 tunes without the MKL packed kernel; give each setting its own ANGELSPEC_CACHE.
+WIDTHS=7,8,9,10 measures those token counts instead of the default ones."""
 
 import os
 import statistics
@@ -25,7 +26,8 @@ def main():
         print(name, [round(1000 * s, 1) for s in seconds])
     prefix = torch.randint(0, 49000, (1, 128))
     with torch.no_grad():
-        for width in (1, 2, 3, 4, 6, 8, 12, 16):
+        widths = os.environ.get("WIDTHS", "1,2,3,4,6,8,12,16")
+        for width in (int(width) for width in widths.split(",")):
             times = []
             for _ in range(5):
                 cache = DynamicCache()
