@@ -125,11 +125,10 @@ def drafter_methods(
         raise ValueError(f"{name}: several schedules {schedules} need load_another, a drafter of their own each")
     config = drafter.config
     kind = config.drafter_kind
-    drafters = [drafter] + [load_another() for _ in schedules[1:]]
-    methods = [
-        Method(f"{kind}:{name}[{policy.label}]", {"assistant_model": own}, own, policy)
-        for own, policy in ((own, resolve_policy(schedule, own)) for own, schedule in zip(drafters, schedules))
-    ]
+    methods = []
+    for own, schedule in zip([drafter] + [load_another() for _ in schedules[1:]], schedules):
+        policy = resolve_policy(schedule, own)
+        methods.append(Method(f"{kind}:{name}[{policy.label}]", {"assistant_model": own}, own, policy))
     if full_vocab_variant and config.draft_vocab_size:
         full = drafter.with_full_vocabulary()
         policy = methods[0].policy

@@ -380,8 +380,9 @@ class DCut(VerifyPolicy):
             )
 
     def observe(self, drafting, depths, accepted, rows):
-        observed = [(r, *observed_steps(depth, count)) for r, (depth, count) in enumerate(zip(depths, accepted))]
-        observed = [(r, reached, outcomes) for r, reached, outcomes in observed if reached]
+        observed = [
+            (r, *observed_steps(depth, count)) for r, (depth, count) in enumerate(zip(depths, accepted)) if depth
+        ]
         if not observed:
             return
         chosen = drafting.chosen_probabilities()

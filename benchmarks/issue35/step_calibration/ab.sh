@@ -5,15 +5,14 @@
 # (both seeded with the same kernel plan and verify profile). One schedule (dcut) per drafter.
 set -e
 cd "$(dirname "$0")/../../.."
+. benchmarks/issue35/ab_bench.sh
 [ -d /tmp/wt_old ] || git worktree add /tmp/wt_old a2bfa29
 out=benchmarks/issue35/step_calibration
 for prompts in gsm8k_test mt_bench; do
   order="old new"; [ $prompts = mt_bench ] && order="new old"  # each code first once
   for code in $order; do
-    if [ $code = old ]; then path=/tmp/wt_old; cache=/tmp/cache_ab_old; else path=.; cache=/tmp/cache_ab_new; fi
-    ANGELSPEC_CACHE=$cache PYTHONPATH=$path .venv/bin/python -m angelspec_hf.cli bench \
+    ab_bench $code $out/${prompts}_${code} \
       --drafter smollm2-135m-instruct-suffix --drafter smollm2-135m-instruct-mtp --drafter smollm2-135m-instruct-dfly \
-      --prompts $prompts --data-dir ../shared/data --limit 8 --max-new-tokens 128 \
-      --output $out/${prompts}_${code}.json > $out/${prompts}_${code}.log 2>&1
+      --prompts $prompts --data-dir ../shared/data --limit 8 --max-new-tokens 128
   done
 done

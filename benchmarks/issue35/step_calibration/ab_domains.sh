@@ -3,17 +3,16 @@
 # worktree /tmp/wt_old) and new back to back, alternating which runs first, as ab.sh.
 set -e
 cd "$(dirname "$0")/../../.."
+. benchmarks/issue35/ab_bench.sh
 [ -d /tmp/wt_old ] || git worktree add /tmp/wt_old a2bfa29
 out=benchmarks/issue35/step_calibration
 first=old
 for domain in translation summarization qa math_reasoning rag; do
   order="old new"; [ $first = new ] && order="new old"
   for code in $order; do
-    if [ $code = old ]; then path=/tmp/wt_old; cache=/tmp/cache_ab_old; else path=.; cache=/tmp/cache_ab_new; fi
-    ANGELSPEC_CACHE=$cache PYTHONPATH=$path .venv/bin/python -m angelspec_hf.cli bench \
+    ab_bench $code $out/${domain}_${code} \
       --drafter smollm2-135m-instruct-suffix --drafter smollm2-135m-instruct-mtp \
-      --prompts spec_bench:$domain --data-dir ../shared/data --limit 8 --max-new-tokens 128 \
-      --output $out/${domain}_${code}.json > $out/${domain}_${code}.log 2>&1
+      --prompts spec_bench:$domain --data-dir ../shared/data --limit 8 --max-new-tokens 128
   done
   [ $first = old ] && first=new || first=old
 done
