@@ -258,6 +258,12 @@ def test_a_suite_cut_off_resumes_at_the_next_unmeasured_part(smollm2_tokenizer, 
     with package_log.warns("measured with another size; measuring mt_bench again"):
         cli_main(suite_command(tmp_path, "--max-new-tokens", "3"))
     assert len(measured) == len(domains) and engine_runs == [1, 1]
+    # Other code (an edit, another commit) measures everything again.
+    monkeypatch.setattr(suite, "code_fingerprint", lambda: "edited")
+    measured[:] = []
+    with package_log.warns("measured with another code; measuring mt_bench again"):
+        cli_main(suite_command(tmp_path, "--max-new-tokens", "3"))
+    assert len(measured) == len(domains) and engine_runs == [1, 1, 1]
 
 
 def test_a_drafter_changed_since_a_part_was_measured_is_measured_again(smollm2_tokenizer, tmp_path):

@@ -12,7 +12,7 @@ the rest of the suite runs.
 
 Each finished domain and the engine run are kept under `<output-dir>/parts/`, and the report is rewritten after each:
 a run cut off resumes where it stopped when the same command is run again (a part is measured again when the size,
-the methods or a drafter's weights changed, or with `--fresh`). Every ratio compares methods within one domain's
+the methods, the package's code or a drafter's weights changed, or with `--fresh`). Every ratio compares methods within one domain's
 run, AR included.
 """
 
@@ -151,10 +151,25 @@ def drafter_fingerprint(drafter) -> str:
     return digest.hexdigest()[:16]
 
 
+def code_fingerprint() -> str:
+    """A digest of the package's Python sources: a part measured by other code (another commit, an edit) is never
+    reported as this code's."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    digest = hashlib.sha256()
+    for folder, _, files in sorted(os.walk(package)):
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                digest.update(os.path.relpath(path, package).encode())
+                with open(path, "rb") as handle:
+                    digest.update(handle.read())
+    return digest.hexdigest()[:16]
+
+
 class SuiteParts:
     """The suite's finished parts (each domain, and the engine) as JSON files under `<output_dir>/parts/`, so that a
-    run cut off resumes where it stopped. A part is kept while `key` (size, methods, target, drafters' digests) is
-    the same as when it was measured."""
+    run cut off resumes where it stopped. A part is kept while `key` (size, methods, target, the package's code,
+    drafters' digests) is the same as when it was measured."""
 
     def __init__(self, output_dir: str, key: dict, fresh: bool = False):
         self.directory = os.path.join(output_dir, "parts")
@@ -219,6 +234,7 @@ def run_suite(
             "size": size_record,
             "target": getattr(target.model.config, "name_or_path", None),
             "methods": [method.name for method in methods],
+            "code": code_fingerprint(),
             "drafters": {kind: drafter_fingerprint(drafter) for kind, drafter in loaded.items()},
         },
         fresh,
