@@ -116,6 +116,30 @@ def test_calibration_keeps_one_map_per_source():
     assert abs(calibrator.table(2)[9]["accepted_rate"] - 0.9) < 0.05 and calibrator.table(1)[9]["weight"] == 0
 
 
+def test_calibrated_confidences_are_the_product_of_the_step_rates():
+    """`__call__` (plain floats, maps read once per update) equals its definition over `step_rate`'s tensors,
+    c_k = cummin_k(Π_{j<k} a_j(q_j) · a_k(m_k)), after updates, for rows of several sources, new sources included."""
+    generator = torch.Generator().manual_seed(11)
+    calibrator = ConfidenceCalibrator()
+    for round in range(6):
+        for _ in range(40):
+            raw = torch.rand(5, generator=generator, dtype=torch.float64)
+            calibrator.update(
+                raw,
+                torch.randint(0, 3, (5,), generator=generator),
+                torch.rand(5, generator=generator) < raw,
+                sources=torch.randint(0, 2, (5,), generator=generator),
+            )
+        chosen = torch.rand(3, 4, generator=generator, dtype=torch.float64)
+        known = torch.rand(3, 4, generator=generator, dtype=torch.float64)
+        sources = torch.tensor([[0], [1], [round % 3]])
+        chosen_rate, known_rate = calibrator.step_rate(chosen, sources), calibrator.step_rate(known, sources)
+        before = torch.cat([torch.ones(3, 1, dtype=torch.float64), chosen_rate[:, :-1]], -1).cumprod(-1)
+        expected = (before * known_rate).cummin(-1).values
+        assert torch.allclose(calibrator(chosen, known, sources), expected, rtol=0, atol=1e-15)
+        assert torch.allclose(calibrator(chosen[0]), calibrator(chosen[:1], chosen[:1])[0], rtol=0, atol=0)
+
+
 def test_cost_model_interpolates_and_round_trips(tmp_path):
     model = VerifyCostModel(rows=[1, 4], tokens=[1, 4, 16], seconds=[[1.0, 1.3, 2.5], [2.0, 3.0, 8.0]], context=64)
     assert model(1, 1) == 1.0 and model(1, 2) == pytest.approx(1.1) and model(1, 28) == pytest.approx(3.7)
@@ -179,15 +203,16 @@ def test_sequential_drafting_stops_when_no_further_token_can_pay_for_its_verific
     assert lengths and set(lengths) <= {0, 1}
 
 
-def test_drafting_stops_only_when_no_further_depth_can_beat_the_best_cut():
-    """Random rounds: when `worth_drafting_further` says stop, no random continuation (confidences falling from
-    each row's last one, each depth costing the step time) has a cut that beats the best cut of what is drafted;
-    when it says continue, continuing at each row's last confidence does beat it."""
+def test_drafting_goes_on_exactly_when_the_forecast_steps_beat_the_best_cut():
+    """Random rounds: `worth_drafting_further` says continue exactly when some number of further steps, each row's
+    forecast at its last step's rate (c_k · ρ^i, ρ = c_k / c_k-1; ρ = 1 after one step or none), each step paid
+    for, has a cut that beats the best cut of what is drafted. After a single step (ρ = 1 is then a bound, as
+    confidences never grow) a stop also holds against any continuation falling from the last confidence."""
     from angelspec_hf.generation.dcut import worth_drafting_further
 
     generator = torch.Generator().manual_seed(3)
     stops = continues = 0
-    for trial in range(300):
+    for trial in range(400):
         rows, drafted, most = int(torch.randint(1, 4, ())), int(torch.randint(0, 4, ())), 5
         raw = torch.rand(rows, most, generator=generator, dtype=torch.float64).cumprod(-1)
         table = sorted(torch.rand(most + 1, generator=generator).tolist())
@@ -201,6 +226,7 @@ def test_drafting_stops_only_when_no_further_depth_can_beat_the_best_cut():
         )
         confidences = [row[:drafted] for row in raw]
         last = torch.tensor([float(c[-1]) if drafted else 1.0 for c in confidences], dtype=torch.float64)
+        ratio = torch.tensor([float(c[-1] / c[-2]) if drafted > 1 else 1.0 for c in confidences], dtype=torch.float64)
         current = max(rate([w] * rows, confidences, verify, draft_seconds) for w in range(drafted + 1))
 
         def best_cut(extension):  # the best width over drafted + extension, the extension's steps paid for
@@ -208,20 +234,35 @@ def test_drafting_stops_only_when_no_further_depth_can_beat_the_best_cut():
             seconds = draft_seconds + step * extension.shape[1]
             return max(rate([w] * rows, full, verify, seconds) for w in range(drafted + extension.shape[1] + 1))
 
-        if worth_drafting_further(confidences, verify, most, draft_seconds, step, top_confidence=1.0):
-            continues += 1
-            assert any(best_cut(last[:, None].expand(-1, more)) > current for more in range(1, most - drafted + 1)), (
-                trial
-            )
-        else:
-            stops += 1
+        forecast = last[:, None] * ratio[:, None] ** torch.arange(1, most - drafted + 1, dtype=torch.float64)
+        pays = any(best_cut(forecast[:, :more]) > current + 1e-12 for more in range(1, most - drafted + 1))
+        going_on = worth_drafting_further(confidences, verify, most, draft_seconds, step, top_confidence=1.0)
+        assert going_on == pays, trial
+        continues += going_on
+        stops += not going_on
+        if not going_on and drafted <= 1:
             for _ in range(20):
-                more = int(torch.randint(1, most - drafted + 1, ())) if drafted < most else 0
+                more = int(torch.randint(1, most - drafted + 1, ()))
                 extension = last[:, None] * torch.rand(rows, more, generator=generator, dtype=torch.float64).cumprod(
                     -1
                 )
                 assert best_cut(extension) <= current + 1e-12, trial
     assert stops > 20 and continues > 20
+
+
+def test_the_forecast_stops_a_falling_draft_that_the_bound_would_draft_on():
+    """Two steps at falling rates (0.9, then 0.5 of it): the next steps are forecast at half the last one's
+    confidence each, which cannot pay for a widening verify, while the bound (every step at 0.45) would."""
+    from angelspec_hf.generation.dcut import worth_drafting_further
+
+    def verify(rows, width):
+        return 1.0 + 0.3 * width
+
+    falling = [torch.tensor([0.9, 0.45], dtype=torch.float64)]
+    steady = [torch.tensor([0.9, 0.9 * 0.9], dtype=torch.float64)]
+    assert not worth_drafting_further(falling, verify, 8, 0.0, 0.0)
+    assert worth_drafting_further(steady, verify, 8, 0.0, 0.0)
+    assert worth_drafting_further([falling[0][:1]], verify, 8, 0.0, 0.0)  # after one step: at 0.9 a step pays
 
 
 @pytest.mark.parametrize(

@@ -55,6 +55,8 @@ def responses(chat_target, smollm2_tokenizer, tmp_path_factory):
 def test_regeneration_is_resumable_and_records_the_target_output(chat_target, smollm2_tokenizer, responses):
     records = read_responses(responses)
     assert len(records) == 12 and {r["source"] for r in records} == {"alpaca_eval", "self_instruct"}
+    with open(responses, "rb") as handle:  # a gzip member per step that finished a response, none per other step
+        assert handle.read().count(b"\x1f\x8b\x08") <= 12
     first = records[0]
     assert first["prompt_ids"] == encode_chat(smollm2_tokenizer, first["prompt"])
     solo = chat_target.generate(torch.tensor([first["prompt_ids"]]), max_new_tokens=24, do_sample=False)

@@ -144,13 +144,15 @@ def regenerate_responses(
     while pending:
         finished = [pair for pair in pending if pair[1].finish_reason is not None]
         pending = [pair for pair in pending if pair[1].finish_reason is None]
-        with gzip.open(output_path, "at", encoding="utf-8") as handle:
-            for record, output in finished:
-                if output.finish_reason == "error":
-                    logger.warning(f"No response to a {record['source']} prompt: {output.error}")
-                    continue
-                handle.write(json.dumps({**record, "response_ids": output.output_ids}) + "\n")
-                tokens += len(output.output_ids)
+        kept = [(record, output) for record, output in finished if output.finish_reason != "error"]
+        for record, output in finished:
+            if output.finish_reason == "error":
+                logger.warning(f"No response to a {record['source']} prompt: {output.error}")
+        if kept:  # a gzip member per step with something to keep, not an empty one per engine step
+            with gzip.open(output_path, "at", encoding="utf-8") as handle:
+                for record, output in kept:
+                    handle.write(json.dumps({**record, "response_ids": output.output_ids}) + "\n")
+                    tokens += len(output.output_ids)
         progress.update(len(finished))
         if deadline is not None and time.monotonic() >= deadline:
             break

@@ -12,7 +12,6 @@ import argparse
 import gzip
 import heapq
 import json
-import math
 from collections import defaultdict
 from importlib import resources
 

@@ -1,0 +1,49 @@
+"""Where a suffix-drafter round's time outside the target forward goes: cProfile over `generate()` with the shipped
+suffix drafter under D-cut (default threads), functions sorted by own time, the target's modules left out.
+
+    .venv/bin/python benchmarks/issue35/lean_policy/profile_rounds.py [gsm8k_test] [4] [--drafter NAME]
+"""
+
+import argparse
+import cProfile
+import pstats
+
+import torch
+
+import angelspec_hf
+from angelspec_hf.generation.session import memory_of
+from angelspec_hf.hub import load_drafter
+from angelspec_hf.prompts import encode_chat, load_prompts
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("prompts", nargs="?", default="gsm8k_test")
+    parser.add_argument("limit", nargs="?", type=int, default=4)
+    parser.add_argument("--drafter", default="smollm2-135m-instruct-suffix")
+    parser.add_argument("--data-dir", default="../shared/data")
+    parser.add_argument("--top", type=int, default=40)
+    args = parser.parse_args()
+    target = angelspec_hf.load_target("smollm2")
+    model, tokenizer = target.model, target.tokenizer
+    drafter = load_drafter(args.drafter, model, tokenizer)
+    rows = load_prompts(args.prompts, data_dir=args.data_dir, limit=args.limit)
+    encoded = [torch.tensor([encode_chat(tokenizer, row["prompt"])]) for row in rows]
+    settings = {"max_new_tokens": 128, "do_sample": False, "assistant_model": drafter}
+    model.generate(encoded[0], **{**settings, "max_new_tokens": 8})
+    profiler = cProfile.Profile()
+    rounds = 0
+    for input_ids in encoded:
+        profiler.enable()
+        model.generate(input_ids, **settings)
+        profiler.disable()
+        rounds += len(memory_of(drafter).stats.round_seconds)
+    print(f"{rounds} rounds")
+    stats = pstats.Stats(profiler).sort_stats("tottime")
+    stats.print_stats(args.top)
+    stats.sort_stats("cumulative").print_stats("angelspec_hf", args.top)
+    stats.print_stats("transformers/generation|cache_utils|masking_utils", args.top)
+
+
+if __name__ == "__main__":
+    main()
