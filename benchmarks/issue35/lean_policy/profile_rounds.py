@@ -1,7 +1,7 @@
 """Where a suffix-drafter round's time outside the target forward goes: cProfile over `generate()` with the shipped
 suffix drafter under D-cut (default threads), functions sorted by own time, the target's modules left out.
 
-    .venv/bin/python benchmarks/issue35/lean_policy/profile_rounds.py [gsm8k_test] [4] [--drafter NAME]
+    .venv/bin/python benchmarks/issue35/lean_policy/profile_rounds.py [gsm8k_test|a suite domain] [4] [--drafter NAME]
 """
 
 import argparse
@@ -11,6 +11,7 @@ import pstats
 import torch
 
 import angelspec_hf
+from angelspec_hf.benchmark.suite import SPEC_BENCH_CATEGORIES, domain_prompts
 from angelspec_hf.generation.session import memory_of
 from angelspec_hf.hub import load_drafter
 from angelspec_hf.prompts import encode_chat, load_prompts
@@ -27,8 +28,11 @@ def main():
     target = angelspec_hf.load_target("smollm2")
     model, tokenizer = target.model, target.tokenizer
     drafter = load_drafter(args.drafter, model, tokenizer)
-    rows = load_prompts(args.prompts, data_dir=args.data_dir, limit=args.limit)
-    encoded = [torch.tensor([encode_chat(tokenizer, row["prompt"])]) for row in rows]
+    if args.prompts in SPEC_BENCH_CATEGORIES:  # a suite domain, its prompts as the suite spreads them
+        prompts = domain_prompts(args.limit, args.data_dir)[args.prompts]
+    else:
+        prompts = [row["prompt"] for row in load_prompts(args.prompts, data_dir=args.data_dir, limit=args.limit)]
+    encoded = [torch.tensor([encode_chat(tokenizer, prompt)]) for prompt in prompts]
     settings = {"max_new_tokens": 128, "do_sample": False, "assistant_model": drafter}
     model.generate(encoded[0], **{**settings, "max_new_tokens": 8})
     profiler = cProfile.Profile()
@@ -38,7 +42,8 @@ def main():
         model.generate(input_ids, **settings)
         profiler.disable()
         rounds += len(memory_of(drafter).stats.round_seconds)
-    print(f"{rounds} rounds")
+    print(f"{rounds} rounds, prompts of {sum(ids.shape[1] for ids in encoded) / len(encoded):.0f} tokens on average")
+    print("round profile of the last prompt (under the profiler):", memory_of(drafter).stats.round_profile())
     stats = pstats.Stats(profiler).sort_stats("tottime")
     stats.print_stats(args.top)
     stats.sort_stats("cumulative").print_stats("angelspec_hf", args.top)
