@@ -45,7 +45,8 @@ class ConfidenceCalibrator:
     (`DraftRound.sources`), since the same draft probability from an MTP head and from a suffix match is not accepted
     equally often; a single drafter is source 0."""
 
-    STEP_GROUPS = ("first", "later")  # a round's first drafted token, and the ones after an accepted prefix
+    # a round's first drafted token, and the ones after an accepted prefix: step k belongs to group min(k, last)
+    STEP_GROUPS = ("first", "later")
 
     def __init__(self, num_bins: int = 10, prior_weight: float = 2.0, decay: float = 0.99):
         self.num_bins, self.prior_weight, self.decay = num_bins, prior_weight, decay
@@ -58,7 +59,7 @@ class ConfidenceCalibrator:
         """Each probability's (source, step group, bin), `steps` and `sources` broadcast to `raw`; maps for new
         sources start empty."""
         bins = (_unit(raw) * self.num_bins).long().clamp(max=self.num_bins - 1)
-        groups = (steps > 0).long().expand_as(bins)
+        groups = steps.long().clamp(max=len(self.STEP_GROUPS) - 1).expand_as(bins)
         sources = torch.zeros_like(bins) if sources is None else sources.long().expand_as(bins)
         self._grow(int(sources.max()) + 1 if sources.numel() else 0)
         return sources, groups, bins
@@ -99,7 +100,7 @@ class ConfidenceCalibrator:
         if self._tables is None:
             self._tables = (self.tried.tolist(), self.accepted.tolist())
         tried, accepted = self._tables
-        top, prior = self.num_bins - 1, self.prior_weight
+        top, prior, last_group = self.num_bins - 1, self.prior_weight, len(self.STEP_GROUPS) - 1
 
         def rate(value: float, source: int, group: int) -> float:
             b = min(int(value * self.num_bins), top)
@@ -109,7 +110,7 @@ class ConfidenceCalibrator:
         for chosen_row, known_row, source_row in zip(chosen_rows, known_rows, source_rows):
             before, lowest, row = 1.0, 1.0, []
             for step, (value, known_value, source) in enumerate(zip(chosen_row, known_row, source_row)):
-                group = min(step, 1)
+                group = min(step, last_group)
                 lowest = min(lowest, before * rate(known_value, source, group))
                 row.append(lowest)
                 before *= rate(value, source, group)

@@ -8,7 +8,8 @@ machine's verify-cost profile (the cached one of the tuned 2-thread target, one 
 and a per-round rest; AR pays the one-token verify plus its own rest per token. D-cut runs the package's own
 `ConfidenceCalibrator`, `observed_steps`, `dcut_depths` and `worth_drafting_further`, each schedule from a fresh
 calibrator, carried across the requests of a source as in a benchmark run; `dcut_bound` is D-cut with the early exit
-it had before (every further step forecast at the last one's confidence). (Calibration bins halving 1 − q above 1/2 instead of
+it had before (every further step forecast at the last one's confidence), `dcut_step_groups` with a round's second
+and third steps calibrated apart from the later ones. (Calibration bins halving 1 − q above 1/2 instead of
 tenths, tried with this replay before `ConfidenceCalibrator` computed in plain floats, changed τ and speedup by
 under 1 %.) Each D-cut row also prints its reliability: per fifth of the calibrated c_k of a verified step, how often
 the prefix up to it was accepted, and how many steps fell there.
@@ -30,6 +31,12 @@ import torch
 
 from angelspec_hf.generation.dcut import ConfidenceCalibrator, dcut_depths, observed_steps, worth_drafting_further
 from angelspec_hf.models.suffix.modeling_suffix import SuffixDrafter
+
+
+class DepthGroupCalibrator(ConfidenceCalibrator):
+    """A round's first, second and third drafted tokens calibrated apart from the later ones."""
+
+    STEP_GROUPS = ("first", "second", "third", "later")
 
 
 def verify_profile(path: str | None):
@@ -83,6 +90,7 @@ class Schedule:
         calibrators = {
             "dcut": ConfidenceCalibrator,
             "dcut_bound": ConfidenceCalibrator,
+            "dcut_step_groups": DepthGroupCalibrator,
         }
         self.calibrator = calibrators.get(kind, lambda: None)()
         self.bound = kind == "dcut_bound"  # D-cut's early exit before the forecast
