@@ -12,8 +12,8 @@ the rest of the suite runs.
 
 Each finished domain and the engine run are kept under `<output-dir>/parts/`, and the report is rewritten after each:
 a run cut off resumes where it stopped when the same command is run again (a part is measured again when the size,
-the methods, the package's code or a drafter's weights changed, or with `--fresh`). Every ratio compares methods within one domain's
-run, AR included.
+the methods, the package's code or a drafter's weights changed, or with `--fresh`). Every ratio compares methods
+within one domain's run, AR included.
 """
 
 from __future__ import annotations

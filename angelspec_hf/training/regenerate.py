@@ -144,10 +144,12 @@ def regenerate_responses(
     while pending:
         finished = [pair for pair in pending if pair[1].finish_reason is not None]
         pending = [pair for pair in pending if pair[1].finish_reason is None]
-        kept = [(record, output) for record, output in finished if output.finish_reason != "error"]
+        kept = []
         for record, output in finished:
             if output.finish_reason == "error":
                 logger.warning(f"No response to a {record['source']} prompt: {output.error}")
+            else:
+                kept.append((record, output))
         if kept:  # a gzip member per step with something to keep, not an empty one per engine step
             with gzip.open(output_path, "at", encoding="utf-8") as handle:
                 for record, output in kept:

@@ -8,3 +8,18 @@ ab_bench() {
   ANGELSPEC_CACHE=$cache PYTHONPATH=$path .venv/bin/python -m angelspec_hf.cli bench "$@" \
     --output "$stem.json" > "$stem.log" 2>&1
 }
+
+# `ab_pairs OUTPUT_DIR "PROMPT_SETS" BENCH_ARGS...`: for each prompt set, the old and the new code back to back, the
+# old first on the first set and the order swapped from one set to the next, writing OUTPUT_DIR/SET_old and _new
+# (a `spec_bench:category` set named by its category).
+ab_pairs() {
+  local out=$1 sets=$2 first=old prompts code order
+  shift 2
+  for prompts in $sets; do
+    order="old new"; [ $first = new ] && order="new old"
+    for code in $order; do
+      ab_bench $code "$out/${prompts#*:}_$code" --prompts $prompts "$@"
+    done
+    [ $first = old ] && first=new || first=old
+  done
+}

@@ -104,15 +104,14 @@ class Schedule:
         if self.depth is not None:
             steps = min(self.depth, len(chain))
             return steps, steps
-        q = torch.tensor([[p for _, p in chain]], dtype=torch.float64)
+        # c_k reads only the steps up to k, so the whole chain's confidences serve every step's early exit
+        calibrated = self.calibrator(torch.tensor([p for _, p in chain], dtype=torch.float64))
         steps = 0
         while steps < len(chain):
             steps += 1
-            confidences = [self.calibrator(q[:, :steps])[0]]
-            if not self.worth_more(confidences, steps):
+            if not self.worth_more([calibrated[:steps]], steps):
                 break
-        confidences = [self.calibrator(q[:, :steps])[0]]
-        depth = dcut_depths(confidences, lambda rows, width: self.verify(width), self.draft_seconds(steps))[0]
+        depth = dcut_depths([calibrated[:steps]], lambda rows, width: self.verify(width), self.draft_seconds(steps))[0]
         return steps, depth
 
     def worth_more(self, confidences, steps: int) -> bool:

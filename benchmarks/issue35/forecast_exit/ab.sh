@@ -7,12 +7,6 @@ set -e
 cd "$(dirname "$0")/../../.."
 . benchmarks/issue35/ab_bench.sh
 [ -d /tmp/wt_old ] || git worktree add /tmp/wt_old ae1f813
-out=benchmarks/issue35/forecast_exit
-for prompts in gsm8k_test mt_bench mbpp_test; do
-  order="old new"; [ $prompts = mt_bench ] && order="new old"  # each code first at least once
-  for code in $order; do
-    ab_bench $code $out/${prompts}_${code} \
-      --drafter smollm2-135m-instruct-suffix --drafter smollm2-135m-instruct-mtp --drafter smollm2-135m-instruct-dfly \
-      --prompts $prompts --data-dir ../shared/data --limit 8 --max-new-tokens 128
-  done
-done
+ab_pairs benchmarks/issue35/forecast_exit "gsm8k_test mt_bench mbpp_test" \
+  --drafter smollm2-135m-instruct-suffix --drafter smollm2-135m-instruct-mtp --drafter smollm2-135m-instruct-dfly \
+  --data-dir ../shared/data --limit 8 --max-new-tokens 128

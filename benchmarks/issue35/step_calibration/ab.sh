@@ -7,12 +7,6 @@ set -e
 cd "$(dirname "$0")/../../.."
 . benchmarks/issue35/ab_bench.sh
 [ -d /tmp/wt_old ] || git worktree add /tmp/wt_old a2bfa29
-out=benchmarks/issue35/step_calibration
-for prompts in gsm8k_test mt_bench; do
-  order="old new"; [ $prompts = mt_bench ] && order="new old"  # each code first once
-  for code in $order; do
-    ab_bench $code $out/${prompts}_${code} \
-      --drafter smollm2-135m-instruct-suffix --drafter smollm2-135m-instruct-mtp --drafter smollm2-135m-instruct-dfly \
-      --prompts $prompts --data-dir ../shared/data --limit 8 --max-new-tokens 128
-  done
-done
+ab_pairs benchmarks/issue35/step_calibration "gsm8k_test mt_bench" \
+  --drafter smollm2-135m-instruct-suffix --drafter smollm2-135m-instruct-mtp --drafter smollm2-135m-instruct-dfly \
+  --data-dir ../shared/data --limit 8 --max-new-tokens 128

@@ -5,14 +5,7 @@ set -e
 cd "$(dirname "$0")/../../.."
 . benchmarks/issue35/ab_bench.sh
 [ -d /tmp/wt_old ] || git worktree add /tmp/wt_old a2bfa29
-out=benchmarks/issue35/step_calibration
-first=old
-for domain in translation summarization qa math_reasoning rag; do
-  order="old new"; [ $first = new ] && order="new old"
-  for code in $order; do
-    ab_bench $code $out/${domain}_${code} \
-      --drafter smollm2-135m-instruct-suffix --drafter smollm2-135m-instruct-mtp \
-      --prompts spec_bench:$domain --data-dir ../shared/data --limit 8 --max-new-tokens 128
-  done
-  [ $first = old ] && first=new || first=old
-done
+ab_pairs benchmarks/issue35/step_calibration \
+  "spec_bench:translation spec_bench:summarization spec_bench:qa spec_bench:math_reasoning spec_bench:rag" \
+  --drafter smollm2-135m-instruct-suffix --drafter smollm2-135m-instruct-mtp \
+  --data-dir ../shared/data --limit 8 --max-new-tokens 128
