@@ -217,3 +217,16 @@ def pytest_collection_modifyitems(items):
     """The χ² tests first (each 5-20 s, the rest mostly under 2 s): pytest-xdist hands tests out in this order, so the
     long ones no longer arrive last and keep one worker busy while the other idles."""
     items.sort(key=lambda item: item.get_closest_marker("chi2") is None)
+
+
+def take_transformers_loop(monkeypatch):
+    """Single-sequence `generate(assistant_model=drafter)` calls take transformers' `_assisted_decoding` loop with
+    `AngelSpecCandidateGenerator`, as calls with a setting only that loop has do, instead of the engine."""
+    from angelspec_hf.generation import speculative
+
+    monkeypatch.setattr(speculative, "runs_on_engine", lambda arguments: arguments["input_ids"].shape[0] > 1)
+
+
+@pytest.fixture
+def on_transformers_loop(monkeypatch):
+    take_transformers_loop(monkeypatch)

@@ -14,7 +14,7 @@ from transformers.generation.utils import GenerationMixin
 
 import angelspec_hf
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, SuffixDrafter
-from angelspec_hf.generation import policies
+from angelspec_hf.generation import AngelSpecCandidateGenerator, policies
 from angelspec_hf.generation.verify_cost import VerifyCostModel
 
 
@@ -23,8 +23,11 @@ def random_prompt(length, vocab_size, seed):
     return torch.randint(0, vocab_size - 1, (1, length), generator=generator)
 
 
+@pytest.mark.parametrize("loop", ["engine", "transformers"])
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
-def test_greedy_output_equals_plain_decoding_for_every_architecture(model_type):
+def test_greedy_output_equals_plain_decoding_for_every_architecture(model_type, loop, request):
+    if loop == "transformers":
+        request.getfixturevalue("on_transformers_loop")
     target = make_target(model_type)
     drafter = OracleMTPDrafter.from_target(target, num_depths=3, draft_vocab_size=48)
     drafter.rng = random.Random(0)
@@ -82,8 +85,9 @@ def test_untrained_drafter_is_still_lossless_with_full_vocabulary(model_type):
         assert torch.equal(output, reference)
 
 
-def test_draft_cache_holds_exactly_the_verified_prefix():
-    """After a generation with mixed acceptance, the incremental draft cache equals one forward over the sequence."""
+def test_draft_cache_holds_exactly_the_verified_prefix(on_transformers_loop):
+    """After a generation with mixed acceptance on transformers' loop, the incremental draft cache equals one forward
+    over the sequence (the engine's: `test_engine.py`)."""
     target = make_target("llama", seed=5)
     drafter = OracleMTPDrafter.from_target(target, num_depths=3)
     drafter.rng = random.Random(1)
@@ -149,6 +153,61 @@ def test_stop_strings_and_streamer_behave_as_plain_generate(smollm2_tokenizer):
     assert torch.equal(output, reference)
     assert reference.shape[1] < free_run.shape[1], "the stop string must have ended generation early"
     assert "".join(streamer) == tokenizer.decode(output[0, prompt.shape[1] :])
+
+
+@pytest.mark.parametrize(
+    "settings, loop",
+    [
+        ({}, "engine"),
+        ({"min_new_tokens": 0}, "engine"),
+        ({"do_sample": True, "temperature": 0.7, "top_k": 20, "top_p": 0.9}, "engine"),
+        ({"min_new_tokens": 3}, "transformers"),
+        ({"repetition_penalty": 1.2}, "transformers"),
+        ({"return_dict_in_generate": True}, "transformers"),
+        ({"return_dict_in_generate": True, "output_scores": True}, "transformers"),
+        ({"streamer": "streamer"}, "transformers"),
+        ({"past_key_values": "prefilled"}, "engine"),
+    ],
+)
+def test_one_sequence_decodes_on_the_engine_unless_the_call_asks_what_only_transformers_loop_gives(
+    settings, loop, monkeypatch, smollm2_tokenizer
+):
+    """The engine's loop takes a single sequence whenever it reproduces the whole call; a streamer, another logits
+    processor, scores or the returned cache take transformers' loop. Greedy output is plain decoding's on both, from
+    a prefilled cache too (where transformers' assisted loop, prompt lookup's as well, decodes other tokens)."""
+    from transformers import DynamicCache, TextStreamer
+
+    from angelspec_hf.generation import speculative
+
+    target = make_target("llama", vocab_size=len(smollm2_tokenizer), seed=9)
+    drafter = AngelSpecMTPDrafter.from_target(target, smollm2_tokenizer, num_depths=2)
+    prompt = random_prompt(6, 90, 4)
+
+    def call_settings():  # a streamer and a cache of the call's own
+        made = {"do_sample": False, **settings}
+        if settings.get("streamer"):
+            made["streamer"] = TextStreamer(smollm2_tokenizer)
+        if settings.get("past_key_values"):
+            made["past_key_values"] = target(prompt[:, :4], past_key_values=DynamicCache()).past_key_values
+        return made
+
+    loops = []
+    on_engine = speculative.batched_speculative_decoding
+    monkeypatch.setattr(
+        speculative, "batched_speculative_decoding", lambda *a, **k: loops.append("engine") or on_engine(*a, **k)
+    )
+    monkeypatch.setattr(
+        speculative,
+        "AngelSpecCandidateGenerator",
+        lambda *a, **k: loops.append("transformers") or AngelSpecCandidateGenerator(*a, **k),
+    )
+    output = target.generate(prompt, max_new_tokens=10, assistant_model=drafter, **call_settings())
+    assert loops == [loop]
+    if not settings.get("do_sample"):
+        reference = target.generate(prompt, max_new_tokens=10, **call_settings())
+        if settings.get("return_dict_in_generate"):
+            output, reference = output.sequences, reference.sequences
+        assert torch.equal(output, reference)
 
 
 def test_a_batch_with_another_assistant_is_left_to_transformers():
@@ -242,11 +301,15 @@ def test_empty_prompt_is_refused(smollm2_tokenizer):
         target.generate(torch.zeros(1, 0, dtype=torch.long), max_new_tokens=3, assistant_model=drafter)
 
 
-def test_a_round_profile_splits_each_round_into_the_target_forward_drafting_and_the_rest(monkeypatch):
+@pytest.mark.parametrize("loop", ["engine", "transformers"])
+def test_a_round_profile_splits_each_round_into_the_target_forward_drafting_and_the_rest(loop, monkeypatch, request):
     """`speculation_stats.round_profile()` (and the engine's) gives the median milliseconds of a round in the target
-    forward, in drafting and in the rest: time added to the target's forward lands in the first, time added to the
-    verify policy's bookkeeping (after verification) in the last."""
+    forward, in drafting and in the rest, on either loop of one sequence: time added to the target's forward lands in
+    the first, time added to the verify policy's bookkeeping (after verification) in the last."""
     import time
+
+    if loop == "transformers":
+        request.getfixturevalue("on_transformers_loop")
 
     from angelspec_hf.generation.engine import Request, SpeculativeEngine
 
@@ -256,8 +319,9 @@ def test_a_round_profile_splits_each_round_into_the_target_forward_drafting_and_
     prompt = torch.tensor([[3, 1, 4, 1, 5]])
     target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=drafter)
     quick = drafter.speculation_stats.round_profile()
-    # every round is timed but the last, whose end the loop does not report (nor the prefill, stats' first entry)
-    assert quick["rounds"] == len(drafter.speculation_stats.drafted) - 2
+    # the stats' first entry is the prefill, not a round; the engine times every round after it, transformers' loop
+    # all but the last, whose end it does not report
+    assert quick["rounds"] == len(drafter.speculation_stats.drafted) - (2 if loop == "transformers" else 1)
     assert quick["draft_ms"] > 0 and quick["rest_ms"] < 15
     forward = target.forward
 

@@ -5,7 +5,7 @@ import random
 
 import pytest
 import torch
-from conftest import make_target, rotate_router_members
+from conftest import make_target, rotate_router_members, take_transformers_loop
 from oracles import FixedLawDFly, FixedLawMTP
 from scipy.stats import chisquare
 
@@ -38,7 +38,9 @@ VOCAB, PROMPT = 5, [1, 2, 3]
 # heuristic schedules (plain rejection sampling, where a fault shows at once) draw 1,500.
 SAMPLES = {"dcut": 2500, "constant": 1500, "heuristic": 1500}
 SCHEDULES = ["dcut", "constant", "heuristic"]
-PATHS = ["generate", "engine-1", "engine-4"]
+# generate(): one sequence on the engine, or on transformers' loop (where a call has a streamer, scores or another
+# logits processor); the engine itself with 4 rows
+PATHS = ["generate", "transformers-loop", "engine-4"]
 KINDS = ["mtp", "dfly", "suffix", "router"]
 # Every schedule on every path, and every drafter kind on every path under D-cut (the schedule that reads the drafts'
 # confidences, where a fault would be subtle); the fixed schedules (plain rejection sampling of whatever was drafted,
@@ -118,10 +120,12 @@ def frozen_calibration(monkeypatch):
     monkeypatch.setattr(ConfidenceCalibrator, "update", lambda self, raw, steps, accepted, sources=None: None)
 
 
-def sample_first_tokens(path, schedule, target, drafter, seed, profile, samples):
+def sample_first_tokens(path, schedule, target, drafter, seed, profile, samples, monkeypatch):
     """Cell index of the first three sampled tokens of `samples` continuations, and how many drafts were verified."""
     cells, verified = [], 0
-    if path == "generate":
+    if path == "transformers-loop":
+        take_transformers_loop(monkeypatch)
+    if path in ("generate", "transformers-loop"):
         drafter.generation_config.num_assistant_tokens_schedule = schedule
         torch.manual_seed(seed)
         for _ in range(samples):
@@ -137,16 +141,10 @@ def sample_first_tokens(path, schedule, target, drafter, seed, profile, samples)
             cells.append(output[0, len(PROMPT) :].tolist())
             verified += sum(drafter.speculation_stats.drafted)
     else:
-        batch = int(path.split("-")[1])
-        # With 4 rows, every request after the first starts from the prompt's kept prefill (`PromptPrefills`), so
-        # that path meets the χ² test too; with 1, each is prefilled.
+        # Every request after the first starts from the prompt's kept prefill (`PromptPrefills`), so that path meets
+        # the χ² test too (generate() prefills each).
         engine = SpeculativeEngine(
-            target,
-            drafter,
-            policy=schedule,
-            max_batch_size=batch,
-            cost_model=profile,
-            prompt_cache_tokens=len(PROMPT) if batch > 1 else 0,
+            target, drafter, policy=schedule, max_batch_size=4, cost_model=profile, prompt_cache_tokens=len(PROMPT)
         )
         requests = [
             Request(PROMPT, max_new_tokens=3, eos_token_id=[], do_sample=True, seed=seed * 10_000 + s)
@@ -173,7 +171,7 @@ def check_sampled_law(kind, schedule, path, drafting, profile, case, monkeypatch
     drafter = random_drafter(kind, target, scale=scale, seed=case, fixed_law=drafting == "fixed-law")
     samples = SAMPLES[schedule]
     counts, verified = sample_first_tokens(
-        path, schedule, target, drafter, seed=case, profile=profile, samples=samples
+        path, schedule, target, drafter, seed=case, profile=profile, samples=samples, monkeypatch=monkeypatch
     )
     assert verified > samples // 4, "drafts must have gone through rejection sampling"
     assert_target_law(counts, exact_law(target))

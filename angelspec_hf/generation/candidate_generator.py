@@ -1,4 +1,5 @@
-"""The candidate generator that plugs AngelSpec drafters into `target.generate(assistant_model=drafter)`.
+"""The candidate generator that plugs AngelSpec drafters into transformers' loop, for the single-sequence
+`target.generate(assistant_model=drafter)` calls the batched engine does not reproduce (`speculative.engine_misses`).
 
 transformers' `_assisted_decoding` owns the draft-verify loop (verification, rejection sampling, cache crop, EOS,
 stopping criteria, streamer); this generator only drafts. It declares `requires_model_outputs`, so every call gets

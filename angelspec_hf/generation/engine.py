@@ -99,6 +99,7 @@ class EngineStats:
     skipped_drafts: int = 0  # rounds in which the policy (D-cut) decided that no draft could pay for its verification
     reused_prefills: int = 0  # requests whose prompt's prefill was kept from an earlier request (`PromptPrefills`)
     round_seconds: list[tuple[float, float, float]] = field(default_factory=list)  # (forward, drafting, whole round)
+    drafting: SpeculationStats = field(default_factory=SpeculationStats)  # drafting time: first token, further ones
 
     def round_profile(self) -> dict | None:
         """Median milliseconds per round in the target forward, in drafting and in the rest (`metrics.round_profile`)."""
@@ -543,6 +544,7 @@ class SpeculativeEngine:
         for row in self.rows:
             row.pending_hidden, row.pending_tokens = [], []
         self.stats.phase_seconds["draft"] += drafting.seconds
+        self.stats.drafting.add_drafting_time(drafting)
         return draft_ids, logits, drafting
 
     def _depths(self, drafts: torch.Tensor, drafting: DraftRound | None) -> list[int]:
