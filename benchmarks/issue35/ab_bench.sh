@@ -1,6 +1,17 @@
 # Sourced by the A/B scripts beside it (run from the repository root): `ab_bench old|new OUTPUT_STEM BENCH_ARGS...`
-# runs `angelspec bench BENCH_ARGS` with the old code (the git worktree at /tmp/wt_old, which the script adds) or the
+# runs `angelspec bench BENCH_ARGS` with the old code (the git worktree at /tmp/wt_old, see `ab_old_code`) or the
 # checkout, each with its own measurement cache, writing OUTPUT_STEM.json and OUTPUT_STEM.log.
+
+# `ab_old_code REV`: the old code is REV, in the git worktree at /tmp/wt_old (added, or moved to REV when an earlier
+# A/B left it at another commit).
+ab_old_code() {
+  if [ -d /tmp/wt_old ]; then
+    git -C /tmp/wt_old checkout --quiet --detach "$1"
+  else
+    git worktree add --detach /tmp/wt_old "$1"
+  fi
+}
+
 ab_bench() {
   local code=$1 stem=$2 path=. cache=/tmp/cache_ab_new
   shift 2

@@ -6,7 +6,7 @@
 set -e
 cd "$(dirname "$0")/../../.."
 . benchmarks/issue35/ab_bench.sh
-[ -d /tmp/wt_old ] || git worktree add /tmp/wt_old ae1f813
+ab_old_code ae1f813
 ab_pairs benchmarks/issue35/forecast_exit "gsm8k_test mt_bench mbpp_test" \
   --drafter smollm2-135m-instruct-suffix --drafter smollm2-135m-instruct-mtp --drafter smollm2-135m-instruct-dfly \
   --data-dir ../shared/data --limit 8 --max-new-tokens 128

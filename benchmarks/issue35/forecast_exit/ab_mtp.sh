@@ -4,6 +4,7 @@
 set -e
 cd "$(dirname "$0")/../../.."
 . benchmarks/issue35/ab_bench.sh
+ab_old_code ae1f813  # the old code of ab.sh
 out=benchmarks/issue35/forecast_exit
 for run in 1 2; do
   for code in new old; do

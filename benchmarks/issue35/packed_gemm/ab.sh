@@ -5,7 +5,7 @@
 set -e
 cd "$(dirname "$0")/../../.."
 . benchmarks/issue35/ab_bench.sh
-[ -d /tmp/wt_old ] || git worktree add /tmp/wt_old da8ac1c
+ab_old_code da8ac1c
 out=benchmarks/issue35/packed_gemm
 for prompts in gsm8k_test mt_bench; do
   order="old new"; [ $prompts = mt_bench ] && order="new old"  # each code first once

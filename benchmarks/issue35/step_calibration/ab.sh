@@ -6,7 +6,7 @@
 set -e
 cd "$(dirname "$0")/../../.."
 . benchmarks/issue35/ab_bench.sh
-[ -d /tmp/wt_old ] || git worktree add /tmp/wt_old a2bfa29
+ab_old_code a2bfa29
 ab_pairs benchmarks/issue35/step_calibration "gsm8k_test mt_bench" \
   --drafter smollm2-135m-instruct-suffix --drafter smollm2-135m-instruct-mtp --drafter smollm2-135m-instruct-dfly \
   --data-dir ../shared/data --limit 8 --max-new-tokens 128

@@ -4,7 +4,7 @@
 set -e
 cd "$(dirname "$0")/../../.."
 . benchmarks/issue35/ab_bench.sh
-[ -d /tmp/wt_old ] || git worktree add /tmp/wt_old a2bfa29
+ab_old_code a2bfa29
 out=benchmarks/issue35/step_calibration
 for code in old new; do
   ab_bench $code $out/mt_bench16_${code} \

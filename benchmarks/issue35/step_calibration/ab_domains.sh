@@ -4,7 +4,7 @@
 set -e
 cd "$(dirname "$0")/../../.."
 . benchmarks/issue35/ab_bench.sh
-[ -d /tmp/wt_old ] || git worktree add /tmp/wt_old a2bfa29
+ab_old_code a2bfa29
 ab_pairs benchmarks/issue35/step_calibration \
   "spec_bench:translation spec_bench:summarization spec_bench:qa spec_bench:math_reasoning spec_bench:rag" \
   --drafter smollm2-135m-instruct-suffix --drafter smollm2-135m-instruct-mtp \
