@@ -177,6 +177,7 @@ def test_one_sequence_decodes_on_the_engine_unless_the_call_asks_what_only_trans
     a prefilled cache too (where transformers' assisted loop, prompt lookup's as well, decodes other tokens)."""
     from transformers import DynamicCache, TextStreamer
 
+    from angelspec_hf.cache_utils import with_cache
     from angelspec_hf.generation import speculative
 
     target = make_target("llama", vocab_size=len(smollm2_tokenizer), seed=9)
@@ -187,8 +188,8 @@ def test_one_sequence_decodes_on_the_engine_unless_the_call_asks_what_only_trans
         made = {"do_sample": False, **settings}
         if settings.get("streamer"):
             made["streamer"] = TextStreamer(smollm2_tokenizer)
-        if settings.get("past_key_values"):
-            made["past_key_values"] = target(prompt[:, :4], past_key_values=DynamicCache()).past_key_values
+        if made.pop("past_key_values", None):  # by the keyword this transformers takes (`cache` from 5.25 on)
+            made.update(with_cache(target(prompt[:, :4], **with_cache(DynamicCache())).past_key_values))
         return made
 
     loops = []
