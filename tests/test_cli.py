@@ -3,6 +3,7 @@ loads; arguments that are right get through to the model load."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -194,6 +195,22 @@ def test_batch_exits_non_zero_when_a_request_failed(chat_target, smollm2_tokeniz
     records = [json.loads(line) for line in output.read_text().splitlines()]
     assert [record["finish_reason"] for record in records][1] == "error" and records[0]["new_tokens"] > 0
     assert records[2]["finish_reason"] in ("eos", "length")
+
+
+def test_regenerate_reports_its_throughput_and_both_bounds(
+    chat_target, smollm2_tokenizer, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(targets, "load_target", LOAD_TARGET)
+    chat_target.save_pretrained(tmp_path / "target")
+    smollm2_tokenizer.save_pretrained(tmp_path / "target")
+    output = tmp_path / "responses.jsonl.gz"
+    argv = ["regenerate", "--target", tmp_path / "target", "--sources", "alpaca_eval", "--limit-per-source", 3]
+    argv += ["--max-new-tokens", 4, "--batch-size", 2, "--output", output, "--linear-kernels", "default"]
+    main([str(arg) for arg in argv])
+    printed = capsys.readouterr().out
+    assert re.search(r"3 responses, \d+ tokens in \d+ s: [\d.]+ tokens/s", printed)
+    assert re.search(r"the bound of batched decoding on this machine \(2 rows per forward\): \d+ tokens/s", printed)
+    assert re.search(r"at these responses' mean attended context \(\d+ tokens\): \d+ tokens/s", printed)
 
 
 def test_bench_concurrency_must_be_a_list_of_positive_integers(capsys, prompts):

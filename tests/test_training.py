@@ -3,6 +3,7 @@
 import gzip
 import importlib
 import json
+import lzma
 import os
 import re
 import shutil
@@ -22,7 +23,7 @@ from angelspec_hf.training import (
     build_training_dataset,
     precompute_hidden_states,
 )
-from angelspec_hf.training.regenerate import read_responses, regenerate_responses
+from angelspec_hf.training.regenerate import mean_attended_context, read_responses, regenerate_responses
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,8 +56,8 @@ def responses(chat_target, smollm2_tokenizer, tmp_path_factory):
 def test_regeneration_is_resumable_and_records_the_target_output(chat_target, smollm2_tokenizer, responses):
     records = read_responses(responses)
     assert len(records) == 12 and {r["source"] for r in records} == {"alpaca_eval", "self_instruct"}
-    with open(responses, "rb") as handle:  # a gzip member per step that finished a response, none per other step
-        assert handle.read().count(b"\x1f\x8b\x08") <= 12
+    with open(responses, "rb") as handle:  # appended a gzip member per step that kept something, then rewritten
+        assert handle.read().count(b"\x1f\x8b\x08") == 1, "one gzip stream once the run is done"
     first = records[0]
     assert first["prompt_ids"] == encode_chat(smollm2_tokenizer, first["prompt"])
     solo = chat_target.generate(torch.tensor([first["prompt_ids"]]), max_new_tokens=24, do_sample=False)
@@ -88,6 +89,33 @@ def test_a_regeneration_killed_mid_write_keeps_its_records_and_resumes(
     assert again[:3] == first and len(again) == 4
 
 
+def test_regeneration_into_xz_resumes_survives_a_cut_off_append_and_ends_in_one_stream(
+    chat_target, smollm2_tokenizer, tmp_path, package_log
+):
+    """`.jsonl.xz` files: each append an xz stream, read as one file; a run rewrites its file as one stream."""
+    path = str(tmp_path / "responses.jsonl.xz")
+    kwargs = dict(limit_per_source=3, max_new_tokens=6, batch_size=2, temperature=1.0, seed=[100, 200])
+    first = regenerate_responses(chat_target, smollm2_tokenizer, ["alpaca_eval"], path, **kwargs)
+    assert len(first) == 6 and open(path, "rb").read().count(b"\xfd7zXZ\x00") == 1
+    gzipped = str(tmp_path / "responses.jsonl.gz")
+    assert regenerate_responses(chat_target, smollm2_tokenizer, ["alpaca_eval"], gzipped, **kwargs) == first, (
+        "the same records in either format (sampled with their seeds)"
+    )
+    whole = os.path.getsize(path)
+    with lzma.open(path, "at", encoding="utf-8") as handle:  # an append cut off mid-write
+        handle.write(json.dumps({**first[0], "prompt": "cut off", "response_ids": list(range(3000))}) + "\n")
+    with open(path, "r+b") as handle:
+        handle.truncate(whole + (os.path.getsize(path) - whole) // 2)
+    with package_log.warns("cut-off append"):
+        assert read_responses(path) == first
+    with package_log.warns("cut-off append"):
+        again = regenerate_responses(
+            chat_target, smollm2_tokenizer, ["alpaca_eval"], path, **{**kwargs, "limit_per_source": 4}
+        )
+    assert again[:6] == first and len(again) == 8
+    assert read_responses(f"{path},{gzipped}") == again + first
+
+
 def test_sampled_regeneration_records_its_seeds_and_resumes(chat_target, smollm2_tokenizer, tmp_path):
     path = str(tmp_path / "sampled.jsonl.gz")
     kwargs = dict(limit_per_source=3, max_new_tokens=8, batch_size=2, temperature=1.0, seed=100)
@@ -109,10 +137,11 @@ def test_a_dialogues_later_turns_are_regenerated_after_the_turns_before_them(cha
     path = str(tmp_path / "turns.jsonl.gz")
     kwargs = dict(limit_per_source=4, max_new_tokens=4, batch_size=2)
     records = regenerate_responses(chat_target, smollm2_tokenizer, ["mtbench101_later_turns"], path, **kwargs)
-    assert [record["prompt"] for record in records] == [row["prompt"] for row in rows.select(range(4))]
-    for record, row in zip(records, rows):
-        assert record["prompt_ids"] == encode_chat(smollm2_tokenizer, row["prompt"], row["history"])
-    text = smollm2_tokenizer.decode(records[1]["prompt_ids"])
+    by_prompt = {record["prompt"]: record for record in records}  # in the order they finished
+    assert len(records) == 4 and set(by_prompt) == set(rows.select(range(4))["prompt"])
+    for row in rows.select(range(4)):
+        assert by_prompt[row["prompt"]]["prompt_ids"] == encode_chat(smollm2_tokenizer, row["prompt"], row["history"])
+    text = smollm2_tokenizer.decode(by_prompt[second["prompt"]]["prompt_ids"])
     assert text.index(first["history"][0]["content"]) < text.index(first["prompt"]) < text.index(second["prompt"])
     assert len({record["context"] for record in records}) == 4
     again = regenerate_responses(chat_target, smollm2_tokenizer, ["mtbench101_later_turns"], path, **kwargs)
@@ -136,13 +165,43 @@ def test_several_seeds_are_several_sampled_passes_in_one_run(chat_target, smollm
     assert len({tuple(r["response_ids"]) for r in together}) > 3
 
 
+def test_regeneration_decodes_prompts_of_about_one_length_together(
+    chat_target, smollm2_tokenizer, tmp_path, monkeypatch
+):
+    """Requests go to the engine shortest prompt first (rows decoded together attend over the longest row's
+    columns), a prompt's samples one after the other (they share its prefill)."""
+    from angelspec_hf.generation.engine import SpeculativeEngine
+
+    submitted = []
+    submit = SpeculativeEngine.submit
+    monkeypatch.setattr(
+        SpeculativeEngine, "submit", lambda self, request: submitted.append(request) or submit(self, request)
+    )
+    path = str(tmp_path / "sorted.jsonl.gz")
+    kwargs = dict(limit_per_source=4, max_new_tokens=2, batch_size=2, temperature=1.0, seed=[100, 200])
+    records = regenerate_responses(chat_target, smollm2_tokenizer, ["alpaca_eval", "self_instruct"], path, **kwargs)
+    lengths = [len(request.input_ids) for request in submitted]
+    by_length = sorted(len(record["prompt_ids"]) for record in records)
+    assert len(submitted) == 16 and lengths == by_length and len(set(lengths)) > 2, "shortest prompts first"
+    assert all(first.input_ids == second.input_ids for first, second in zip(submitted[::2], submitted[1::2]))
+
+
+def test_the_mean_attended_context_of_responses():
+    records = [{"prompt_ids": [1] * 10, "response_ids": [2] * 4}, {"prompt_ids": [1] * 100, "response_ids": [2] * 12}]
+    # per generated token: 4 tokens at 10 + 2, 12 at 100 + 6
+    assert mean_attended_context(records) == round((4 * 12 + 12 * 106) / 16)
+    assert mean_attended_context([]) == 0
+
+
 def test_regeneration_skips_the_prompts_of_excluded_sets(chat_target, smollm2_tokenizer, tmp_path):
     path = str(tmp_path / "excluded.jsonl.gz")
     kwargs = dict(limit_per_source=2, max_new_tokens=4, batch_size=2)
     records = regenerate_responses(
         chat_target, smollm2_tokenizer, ["alpaca_eval", "self_instruct"], path, exclude=["self_instruct"], **kwargs
     )
-    assert [r["prompt"] for r in records] == [row["prompt"] for row in load_prompts("alpaca_eval", limit=2)]
+    assert sorted(r["prompt"] for r in records) == sorted(
+        row["prompt"] for row in load_prompts("alpaca_eval", limit=2)
+    )
 
 
 def test_teacher_forced_responses_read_answers_and_python_sources(smollm2_tokenizer, tmp_path):

@@ -47,8 +47,8 @@ def check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..generation.policies import profiled_rows
-    from ..generation.verify_cost import load_cost_model
-    from ..training.regenerate import regenerate_responses
+    from ..generation.verify_cost import load_cost_model, profile_verify_cost
+    from ..training.regenerate import mean_attended_context, regenerate_responses
 
     target = load_target_from_args(args)
     records = regenerate_responses(
@@ -66,6 +66,13 @@ def run(args: argparse.Namespace) -> int:
         exclude=args.exclude.split(",") if args.exclude else (),
     )
     print(f"{len(records)} responses in {args.output}")
-    bound = args.batch_size / load_cost_model(target.model, rows=profiled_rows(args.batch_size))(args.batch_size, 1)
-    print(f"the bound of batched decoding on this machine ({args.batch_size} rows per forward): {bound:.0f} tokens/s")
+    rows = args.batch_size
+    bound = rows / load_cost_model(target.model, rows=profiled_rows(rows))(rows, 1)
+    print(f"the bound of batched decoding on this machine ({rows} rows per forward): {bound:.0f} tokens/s")
+    # Attending over a longer context costs more (the KV cache is read at every step): the bound at the context
+    # these responses were decoded at, which a perfect refill of rows of that length would reach.
+    context = mean_attended_context(records)
+    if context:
+        step = profile_verify_cost(target.model, rows=[rows], tokens=[1], context=context, repeats=3, progress=False)
+        print(f"at these responses' mean attended context ({context} tokens): {rows / step(rows, 1):.0f} tokens/s")
     return 0
