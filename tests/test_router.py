@@ -89,6 +89,7 @@ def test_each_request_is_drafted_by_the_member_that_earns_most_on_it():
     routing = routing_of(router)
     routing.cost_model = VerifyCostModel(rows=[1], tokens=[1, 16], seconds=[[1.0, 1.2]], context=0)
     router.config.explore_tokens = 1000
+    router.config.free_match_first = 0  # the scores alone decide (the rule before them: its own test)
     repeating = repeating_prompt(target, 1)
     counts = {}
     original = SuffixDrafter.propose
@@ -111,6 +112,7 @@ def test_each_request_is_drafted_by_the_member_that_earns_most_on_it():
 def test_promised_gain_is_optimistic_for_a_try_and_prices_the_best_member_otherwise():
     # two requests verify together as one did (the per-request figures below); see the end for a costlier batch
     target, router, routing = priced_router(rows=(1, 2))
+    router.config.free_match_first = 0  # the scores alone decide (the rule before them: its own test)
     state = router.new_draft_state(2)
     assert routing.plan(state) > 0  # fresh requests: their members are due a try
     routing.member_seconds = [0.05, 0.1, 0.01]
@@ -146,6 +148,7 @@ def test_a_due_try_waits_for_a_round_no_other_member_would_draft_at_most_explore
     re-try waits (the suffix member drafts), for at most `explore_tokens` verified tokens; in a round without a
     match, where nothing would be drafted, it goes at once."""
     target, router, routing = priced_router()
+    router.config.free_match_first = 0  # a match of 3 would otherwise take every round (the next test)
     routing.member_seconds = [0.05, 0.1, 0.01]
     state = router.new_draft_state(1)
     row = state.rows[0]
@@ -165,6 +168,36 @@ def test_a_due_try_waits_for_a_round_no_other_member_would_draft_at_most_explore
     row.members[0].due_since = None
     state.members[2].rows[0].extend([7])  # no match now: the round would draft nothing, so the try goes at once
     assert routing.choice(state, 0) == (0, None, True)
+
+
+def test_a_suffix_member_with_a_match_of_free_match_first_tokens_drafts_before_the_scores_and_tries():
+    """A match of at least `free_match_first` tokens gives the suffix member the round, though MTP's score is
+    higher and its re-try is due; a shorter match leaves the round to the scores, as does `free_match_first=0`."""
+    target, router, routing = priced_router(shared_index_max_tokens=0)
+    assert router.config.free_match_first == 2
+    routing.member_seconds = [0.05, 0.1, 0.01]
+    state = router.new_draft_state(1)
+    row = state.rows[0]
+    routing.admit(state, 0)
+    for m, accepted in ((0, 3.0), (1, 0.1)):  # MTP accepts 3 drafts a round on this request, DFly little
+        row.members[m].accepted, row.members[m].verified = accepted, {3: 1.0}
+    for bucket in range(4):  # the suffix member's records: nothing accepted at any match length
+        routing.bucket_record[2][bucket] = (0.0, {3: 1.0})
+    state.members[2].rows[0].extend([1, 2, 3, 4, 5, 1, 2, 3])  # a match of 3
+    assert routing.score(row, 0) > max(routing.score(row, 2, 2), 1.0)
+    assert routing.choice(state, 0) == (2, 2, False)
+    row.members[0].since = router.config.explore_tokens  # MTP's re-try is due: the match still takes the round
+    assert routing.choice(state, 0) == (2, 2, False)
+    row.members[0].since = 0
+    state.members[2].rows[0].extend([5])  # "3 5" never came before, "5" did: a match of 1, the scores decide
+    assert router.outlooks(state, 0)[2] == 1 and routing.choice(state, 0) == (0, None, False)
+    state.members[2].rows[0].extend([1, 2])  # "5 1 2" came before: a match of 3 again
+    router.config.free_match_first = 4
+    assert routing.choice(state, 0) == (0, None, False)
+    router.config.free_match_first = 0
+    assert routing.choice(state, 0) == (0, None, False)
+    with pytest.raises(ValueError, match="free_match_first must be 0 or a power of two"):
+        type(router.config)(members=router.config.members, free_match_first=3)
 
 
 def test_a_member_that_loses_its_tries_sits_out_the_tries_of_the_next_requests():

@@ -20,9 +20,9 @@ at all in a request pays for reading every token it skipped, whenever it switche
 rounds the request has left (its own tokens left over the member's 1 + a_rm, as the verify policy spreads a
 single drafter's). Charged to the switching round alone, it grew with every round another member drafted and kept the
 MTP member out of the rest of a long request once the suffix member had drafted a while. The policy's promise to
-the verify policy counts it, so the verify policy adds no catch-up price of its own. A request tries every member
-once, and again each
-`explore_tokens` verified tokens a member has not drafted it, so no estimate goes stale (a request admitted while
+the verify policy counts it, so the verify policy adds no catch-up price of its own. A member that reads for free drafts
+every round where its match reaches `free_match_first` tokens, before any score. A request tries every member
+once, and again each `explore_tokens` verified tokens a member has not drafted it, so no estimate goes stale (a request admitted while
 another's try of a member is pending does not try it, and goes by that try's verdict); `plan` tells the verify
 policy what the next round promises, optimistic for such a try. A try costs the member's catch-up
 on the request's whole backlog (a long prompt), so a try waits until that costs a small share of the request's
@@ -228,26 +228,38 @@ class RoutingPolicy:
         row.members[m].explore_every *= 2
 
     def choice(self, state, r: int, pending: list[int] = ()) -> tuple[int, int | None, bool]:
-        """Request r's member for this round, its outlook bucket, and whether it is a try: a member without an
+        """Request r's member for this round, its outlook bucket, and whether it is a try: a member that reads for
+        free with a match of at least `free_match_first` tokens (the router's config); else a member without an
         outlook due a try (the cheapest first), else the best score; where no score beats decoding without drafts,
         a member that reads for free and has a match (the suffix member: `plan` promises at least FREE_ROUND_GAIN
         for it, so its cut decides).
 
+        The first rule, because the scores judged the suffix member's rounds by its bucket's mean and another
+        member's by the request's: on 6 GSM8K prompts the router drafted with MTP on half its rounds, where at
+        matches of 2–7 tokens MTP accepted less a round than the suffix member (0.81 against 0.98, 1.06 against
+        1.21), and ended with the suffix member's τ at a costlier round (8 prompts a domain, idle, one run: the
+        router at or above the router without it on seven of the suite's eight domains, docs/experiments.md).
+
         A try displaces the member that would have drafted the round, so a due try of a member with a record (one
         tried before, on any request) waits for an idle round, one where no other member's score beats decoding
         without drafts and no free reader has a match (a suffix round with a long match is worth more than a try
-        that usually loses), but at most `explore_tokens` verified tokens."""
+        that usually loses), but at most `explore_tokens` verified tokens; a round of the first rule is the free
+        reader's however long a try has waited."""
         row, looks = state.rows[r], self.router.outlooks(state, r, pending)
         self.admit(state, r)
+        first = self.router.config.free_match_first
+        free = [f for f, member in enumerate(self.router.members) if member.reads_for_free and looks[f]]
+        if first and any(looks[f] >= first.bit_length() for f in free):
+            f = max(free, key=lambda f: looks[f])
+            return f, looks[f], False
         rows = len(state.rows)
         due = [m for m, look in enumerate(looks) if look is None and self.needs_try(row, m, len(pending), rows)]
         scores = [self.score(row, m, looks[m], len(pending), rows) for m in range(len(self.router.members))]
         plain = self._rate(0.0, NO_DRAFTS, 0.0, rows)
-        matched = [f for f, member in enumerate(self.router.members) if member.reads_for_free and looks[f]]
         if due:
             now = row.read + len(pending)
             best = max((score for m, score in enumerate(scores) if m not in due), default=0.0)
-            idle = best <= plain and not matched
+            idle = best <= plain and not free
             for m in due:
                 if row.members[m].due_since is None:
                     row.members[m].due_since = now
@@ -262,8 +274,8 @@ class RoutingPolicy:
                 m = min(ready, key=lambda m: self.member_seconds[m] or 0.0)
                 return m, None, True
         m = max(range(len(self.router.members)), key=scores.__getitem__)
-        if scores[m] <= plain and matched:
-            m = max(matched, key=scores.__getitem__)
+        if scores[m] <= plain and free:
+            m = max(free, key=scores.__getitem__)
         return m, looks[m], False
 
     def plan(

@@ -36,6 +36,9 @@ class RouterDrafterConfig(AngelSpecDrafterConfig):
         num_draft_tokens (`int`, *optional*): most tokens per round (default: the most any member drafts by default).
         explore_tokens (`int`, defaults to 64): a request re-tries a member that has not drafted it for this many
             verified tokens, so its estimate of every member stays current.
+        free_match_first (`int`, defaults to 2): a member that reads for free (suffix) drafts every round where
+            its match is at least this long, before the scores or a due try are weighed (a power of two: matches
+            are bucketed by powers of two); 0 weighs every round by the scores.
     """
 
     model_type = "angelspec_router"
@@ -48,6 +51,7 @@ class RouterDrafterConfig(AngelSpecDrafterConfig):
         member_paths: list[str] | None = None,
         num_draft_tokens: int | None = None,
         explore_tokens: int = 64,
+        free_match_first: int = 2,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -70,8 +74,12 @@ class RouterDrafterConfig(AngelSpecDrafterConfig):
         if num_draft_tokens is not None:
             check_int("num_draft_tokens", num_draft_tokens)
         check_int("explore_tokens", explore_tokens)
+        check_int("free_match_first", free_match_first, minimum=0)
+        if free_match_first & (free_match_first - 1):
+            raise ValueError(f"free_match_first must be 0 or a power of two, got {free_match_first}")
         self.members = members
         self.member_names = list(member_names) if member_names is not None else None
         self.member_paths = list(member_paths) if member_paths is not None else None
         self.num_draft_tokens = num_draft_tokens
         self.explore_tokens = explore_tokens
+        self.free_match_first = free_match_first
