@@ -20,10 +20,10 @@ at all in a request pays for reading every token it skipped, whenever it switche
 rounds the request has left (its own tokens left over the member's 1 + a_rm, as the verify policy spreads a
 single drafter's). Charged to the switching round alone, it grew with every round another member drafted and kept the
 MTP member out of the rest of a long request once the suffix member had drafted a while. The policy's promise to
-the verify policy counts it, so the verify policy adds no catch-up price of its own. A member that reads for free drafts
-every round where its match reaches `free_match_first` tokens, before any score. A request tries every member
-once, and again each `explore_tokens` verified tokens a member has not drafted it, so no estimate goes stale (a request admitted while
-another's try of a member is pending does not try it, and goes by that try's verdict); `plan` tells the verify
+the verify policy counts it, so the verify policy adds no catch-up price of its own. A member that reads for free
+drafts every round where its match reaches `free_match_first` tokens, before any score. A request tries every member
+once, and again each `explore_tokens` verified tokens a member has not drafted it, so no estimate goes stale (a
+request admitted while another's try of a member is pending does not try it, and goes by that try's verdict); `plan` tells the verify
 policy what the next round promises, optimistic for such a try. A try costs the member's catch-up
 on the request's whole backlog (a long prompt), so a try waits until that costs a small share of the request's
 decoding so far (`needs_try`); it displaces the member that would have drafted the round, so a member tried before

@@ -172,7 +172,7 @@ def regenerate_responses(
                 logger.warning(f"No response to a {record['source']} prompt: {output.error}")
             else:
                 kept.append((record, output))
-        if kept:  # a gzip member per step with something to keep, not an empty one per engine step
+        if kept:  # a compressed stream per step with something to keep, not an empty one per engine step
             with _open_records(output_path, "at") as handle:
                 for record, output in kept:
                     handle.write(json.dumps({**record, **provenance, "response_ids": output.output_ids}) + "\n")
@@ -187,7 +187,8 @@ def regenerate_responses(
     answered = len(todo) - len(pending)
     print(f"{answered} responses, {tokens} tokens in {seconds:.0f} s: {tokens / seconds:.1f} tokens/s")
     records = read_responses(output_path)
-    _write_records(records, output_path)  # one compressed stream instead of one per step that kept something
+    if len(records) > len(existing):  # one compressed stream instead of one per step that kept something
+        _write_records(records, output_path)
     return records
 
 
