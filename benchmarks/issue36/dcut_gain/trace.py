@@ -1,0 +1,66 @@
+"""Does D-cut stop drafting for a learned drafter part-way through a domain, and stay stopped? For each prompt in
+turn (as the suite runs them: AR then the drafter, D-cut, greedy), print the drafter's tokens a round, the share of rounds it
+drafted, its speedup over AR on that prompt, and ĝ (D-cut's average saved fraction of a drafting round, one row) after
+the prompt: ĝ < 0 stops drafting except for exploration rounds (`policies.DCut.drafting_pays`).
+
+    .venv/bin/python benchmarks/issue36/dcut_gain/trace.py dfly math_reasoning 16
+"""
+
+import argparse
+import time
+
+import torch
+
+import angelspec_hf
+from angelspec_hf.benchmark.suite import SPEC_BENCH_CATEGORIES, domain_prompts
+from angelspec_hf.generation.policies import resolve_policy
+from angelspec_hf.generation.session import memory_of
+from angelspec_hf.hub import load_drafter
+from angelspec_hf.prompts import encode_chat, load_prompts
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("drafter")
+    parser.add_argument("prompts")
+    parser.add_argument("limit", type=int)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--data-dir", default="../shared/data")
+    args = parser.parse_args()
+    target = angelspec_hf.load_target("smollm2")
+    model, tokenizer = target.model, target.tokenizer
+    if args.prompts in SPEC_BENCH_CATEGORIES:
+        prompts = domain_prompts(args.limit, args.data_dir)[args.prompts]
+    else:
+        prompts = [row["prompt"] for row in load_prompts(args.prompts, data_dir=args.data_dir, limit=args.limit)]
+    drafter = load_drafter(f"smollm2-135m-instruct-{args.drafter}", model, tokenizer)
+    for key, value in resolve_policy("dcut", drafter).generation_settings().items():
+        setattr(drafter.generation_config, key, value)
+    stop = {"max_new_tokens": args.max_new_tokens, "min_new_tokens": 0, "do_sample": False}
+    encoded = [torch.tensor([encode_chat(tokenizer, prompt)]) for prompt in prompts]
+    model.generate(encoded[0], max_new_tokens=4, do_sample=False)
+    model.generate(encoded[0], max_new_tokens=4, do_sample=False, assistant_model=drafter)
+    print("prompt  tokens/round  drafted rounds  speedup  g_hat")
+    for i, input_ids in enumerate(encoded):
+        start = time.perf_counter()
+        reference = model.generate(input_ids, **stop)
+        ar = time.perf_counter() - start
+        start = time.perf_counter()
+        output = model.generate(input_ids, **stop, assistant_model=drafter)
+        spec = time.perf_counter() - start
+        memory = memory_of(drafter)
+        stats = memory.stats
+        new = output.shape[1] - input_ids.shape[1]
+        rounds = len(stats.drafted)
+        drafted = sum(1 for d in stats.drafted if d)
+        gain = memory.estimates.drafting_gain.get(1)
+        assert torch.equal(output, reference), f"prompt {i}: output differs from AR"
+        print(
+            f"{i:>6} {new / max(rounds, 1):5.2f} {drafted:>4}/{rounds:<4} {ar / spec:7.2f}x "
+            f"{'none' if gain is None else f'{gain:+.3f}'}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
