@@ -120,6 +120,16 @@ def domain_prompts(per_domain: int, data_dir: str | None = None, shortest: bool 
     return chosen
 
 
+def domain_or_set_prompts(name: str, limit: int, data_dir: str | None = None) -> list[str]:
+    """A Spec-Bench domain's `limit` prompts as the suite spreads them (`domain_prompts`), else the first `limit` of
+    the prompt set `name` (what the benchmark scripts take as their prompts argument)."""
+    from ..prompts import load_prompts
+
+    if name in SPEC_BENCH_CATEGORIES:
+        return domain_prompts(limit, data_dir)[name]
+    return [row["prompt"] for row in load_prompts(name, data_dir=data_dir, limit=limit)]
+
+
 def suite_methods(target, drafters_dir: str, ablations: bool = False) -> tuple[list[Method], dict]:
     """The generate() methods (each drafter with D-cut) and the loaded drafters by kind; a drafter that cannot be
     loaded becomes a failed method."""

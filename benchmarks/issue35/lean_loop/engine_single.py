@@ -11,11 +11,10 @@ import argparse
 
 import angelspec_hf
 from angelspec_hf.benchmark.bench import Method, format_table, run_benchmark
-from angelspec_hf.benchmark.suite import SPEC_BENCH_CATEGORIES, domain_prompts
+from angelspec_hf.benchmark.suite import domain_or_set_prompts
 from angelspec_hf.generation import speculative
 from angelspec_hf.generation.policies import resolve_policy
 from angelspec_hf.hub import load_drafter
-from angelspec_hf.prompts import load_prompts
 
 
 def on_transformers_loop(
@@ -42,10 +41,7 @@ def main():
     args = parser.parse_args()
     target = angelspec_hf.load_target("smollm2")
     model, tokenizer = target.model, target.tokenizer
-    if args.prompts in SPEC_BENCH_CATEGORIES:
-        prompts = domain_prompts(args.limit, args.data_dir)[args.prompts]
-    else:
-        prompts = [row["prompt"] for row in load_prompts(args.prompts, data_dir=args.data_dir, limit=args.limit)]
+    prompts = domain_or_set_prompts(args.prompts, args.limit, args.data_dir)
     methods = []
     for short in args.drafters.split(","):
         name = f"smollm2-135m-instruct-{short}"

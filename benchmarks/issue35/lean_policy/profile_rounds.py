@@ -11,10 +11,10 @@ import pstats
 import torch
 
 import angelspec_hf
-from angelspec_hf.benchmark.suite import SPEC_BENCH_CATEGORIES, domain_prompts
+from angelspec_hf.benchmark.suite import domain_or_set_prompts
 from angelspec_hf.generation.session import memory_of
 from angelspec_hf.hub import load_drafter
-from angelspec_hf.prompts import encode_chat, load_prompts
+from angelspec_hf.prompts import encode_chat
 
 
 def main():
@@ -28,10 +28,7 @@ def main():
     target = angelspec_hf.load_target("smollm2")
     model, tokenizer = target.model, target.tokenizer
     drafter = load_drafter(args.drafter, model, tokenizer)
-    if args.prompts in SPEC_BENCH_CATEGORIES:  # a suite domain, its prompts as the suite spreads them
-        prompts = domain_prompts(args.limit, args.data_dir)[args.prompts]
-    else:
-        prompts = [row["prompt"] for row in load_prompts(args.prompts, data_dir=args.data_dir, limit=args.limit)]
+    prompts = domain_or_set_prompts(args.prompts, args.limit, args.data_dir)
     encoded = [torch.tensor([encode_chat(tokenizer, prompt)]) for prompt in prompts]
     settings = {"max_new_tokens": 128, "do_sample": False, "assistant_model": drafter}
     model.generate(encoded[0], **{**settings, "max_new_tokens": 8})

@@ -13,10 +13,10 @@ import time
 import torch
 
 import angelspec_hf
-from angelspec_hf.benchmark.suite import SPEC_BENCH_CATEGORIES, domain_prompts
+from angelspec_hf.benchmark.suite import domain_or_set_prompts
 from angelspec_hf.generation.candidate_generator import AngelSpecCandidateGenerator
 from angelspec_hf.hub import load_drafter
-from angelspec_hf.prompts import encode_chat, load_prompts
+from angelspec_hf.prompts import encode_chat
 
 
 SEGMENTS = ("propose_rest", "before_forward", "forward", "after_forward", "update", "loop_end")
@@ -32,10 +32,7 @@ def main():
     target = angelspec_hf.load_target("smollm2")
     model, tokenizer = target.model, target.tokenizer
     drafter = load_drafter(args.drafter, model, tokenizer)
-    if args.prompts in SPEC_BENCH_CATEGORIES:
-        prompts = domain_prompts(args.limit, args.data_dir)[args.prompts]
-    else:
-        prompts = [row["prompt"] for row in load_prompts(args.prompts, data_dir=args.data_dir, limit=args.limit)]
+    prompts = domain_or_set_prompts(args.prompts, args.limit, args.data_dir)
     marks = []  # (name, time)
     get_candidates, update = (
         AngelSpecCandidateGenerator.get_candidates,

@@ -12,11 +12,11 @@ import time
 import torch
 
 import angelspec_hf
-from angelspec_hf.benchmark.suite import SPEC_BENCH_CATEGORIES, domain_prompts
+from angelspec_hf.benchmark.suite import domain_or_set_prompts
 from angelspec_hf.generation.policies import resolve_policy
 from angelspec_hf.generation.session import memory_of
 from angelspec_hf.hub import load_drafter
-from angelspec_hf.prompts import encode_chat, load_prompts
+from angelspec_hf.prompts import encode_chat
 
 
 def main():
@@ -29,10 +29,7 @@ def main():
     args = parser.parse_args()
     target = angelspec_hf.load_target("smollm2")
     model, tokenizer = target.model, target.tokenizer
-    if args.prompts in SPEC_BENCH_CATEGORIES:
-        prompts = domain_prompts(args.limit, args.data_dir)[args.prompts]
-    else:
-        prompts = [row["prompt"] for row in load_prompts(args.prompts, data_dir=args.data_dir, limit=args.limit)]
+    prompts = domain_or_set_prompts(args.prompts, args.limit, args.data_dir)
     drafter = load_drafter(f"smollm2-135m-instruct-{args.drafter}", model, tokenizer)
     for key, value in resolve_policy("dcut", drafter).generation_settings().items():
         setattr(drafter.generation_config, key, value)

@@ -11,19 +11,15 @@ import sys
 
 import angelspec_hf
 from angelspec_hf.benchmark.bench import Method, format_table, run_benchmark
-from angelspec_hf.benchmark.suite import SPEC_BENCH_CATEGORIES, domain_prompts
+from angelspec_hf.benchmark.suite import domain_or_set_prompts
 from angelspec_hf.generation.policies import resolve_policy
 from angelspec_hf.hub import load_drafter
-from angelspec_hf.prompts import load_prompts
 
 
 domain, limit = sys.argv[1], int(sys.argv[2])
 target = angelspec_hf.load_target("smollm2")
 model, tokenizer = target.model, target.tokenizer
-if domain in SPEC_BENCH_CATEGORIES:
-    prompts = domain_prompts(limit, "../shared/data")[domain]
-else:
-    prompts = [row["prompt"] for row in load_prompts(domain, data_dir="../shared/data", limit=limit)]
+prompts = domain_or_set_prompts(domain, limit, "../shared/data")
 suffix = load_drafter("smollm2-135m-instruct-suffix", model, tokenizer)
 methods = [Method("suffix", {"assistant_model": suffix}, suffix, resolve_policy("dcut", suffix))]
 for first in (0, 2):
