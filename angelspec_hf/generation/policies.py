@@ -30,6 +30,10 @@ from .verify_cost import CorrectedCost, VerifyCost, load_cost_model
 
 
 EXPLORATION_SHARE = 0.02  # most of a run's expected decoding time D-cut spends on drafting it does not expect to pay
+GAIN_WINDOW = (
+    20  # ĝ averages about the last GAIN_WINDOW no-draft rounds' worth of drafting rounds (`DCut._record_gain`)
+)
+PRIOR_ROUNDS = 4  # the g that the mean confidences promise (`DCut.saved_fraction`) counts as this many in ĝ
 PROFILED_ROWS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -138,6 +142,9 @@ class DrafterEstimates:
     depth_confidence: torch.Tensor | None = None
     # ĝ by batch size: the saved fraction that drafting rounds' chosen cuts promised, averaged
     drafting_gain: dict[int, float] = field(default_factory=dict)
+    # what each ĝ rests on, in no-draft rounds' worth of tokens (PRIOR_ROUNDS included where it started from the
+    # mean confidences), at most GAIN_WINDOW
+    gain_weight: dict[int, float] = field(default_factory=dict)
 
 
 def parameter_ratio(drafter, target) -> float:
@@ -198,6 +205,7 @@ class DCut(VerifyPolicy):
     """
 
     schedule = DCUT
+    gain_window: ClassVar[int] = GAIN_WINDOW
 
     def __init__(self, max_draft: int, cost_model: VerifyCost | None = None):
         super().__init__(max_draft)
@@ -329,14 +337,18 @@ class DCut(VerifyPolicy):
         return depths
 
     def _record_gain(self, drafting: DraftRound, confidences, depths: list[int], draft_seconds: float) -> None:
-        """Average into ĝ the saved fraction g = 1 − r_0 / r this round's cut promises. A round that first read a
-        backlog is priced at a usual round's drafting time (its catch-up is priced apart, `catch_up_seconds`). The
-        first round of a batch size averages with the g its mean confidences promise (`saved_fraction`), as later
-        rounds average with ĝ: one round's confidences are noisy, and a first round whose cut kept little would
-        otherwise stop a drafter that pays on average (DFly on GSM8K: one round at ĝ −0.13, then drafting only in
-        probe rounds, τ 1.20 against 1.58 at two drafts every round). Not for a round the drafter promised (the
-        suffix drafter's matches): its mean confidences say little of the rounds it promises (`make demo`: τ 1.46
-        without averaging, 1.38 with)."""
+        """Average into ĝ the saved fraction g = 1 − r_0 / r this round's cut promises, weighted by the tokens per row
+        it promises (1 + Σ_k c_rk over its rows): then ĝ = 1 − Σ t / Σ t_0, the share of decoding time the drafting
+        rounds save against no-draft rounds yielding as many tokens, where a plain mean of the rounds' g would be
+        biased low (Jensen: a round sure of two drafts and one sure of none save 13 % together at a cost of 35 % of
+        a round, their g average 5 %). It is the weighted mean while the rounds add up to under `gain_window`
+        no-draft rounds, then an exponential average over about that many; the first round of a batch size averages
+        with the g its mean confidences promise (`saved_fraction`), counted as `PRIOR_ROUNDS`. One round's g swings
+        by ±0.3 with its confidences, and a round drafts only while ĝ > 0, else as exploration: an average over five
+        rounds stopped DFly on GSM8K prompts where it paid (`benchmarks/issue36/dcut_gain/`). A round that first
+        read a backlog is priced at a usual round's drafting time (its catch-up is priced apart, `catch_up_seconds`).
+        A round the drafter promised (the suffix drafter's matches) starts from its own g: its mean confidences say
+        little of the rounds it promises (`make demo`: τ 1.46 without averaging, 1.38 with)."""
         if drafting.reads_backlog:
             steps = len(drafting.probabilities)
             draft_seconds = self.first_step_seconds() + max(0, steps - 1) * self.step_seconds
@@ -344,10 +356,15 @@ class DCut(VerifyPolicy):
         expected = rows + sum(float(c[:depth].sum()) for c, depth in zip(confidences, depths))
         rate = expected / (draft_seconds + self.widths[max(depths, default=0)])
         gain = 1 - (rows / self.widths[0]) / rate
-        previous = self.estimates.drafting_gain.get(rows)
+        estimates = self.estimates
+        previous, weight = estimates.drafting_gain.get(rows), estimates.gain_weight.get(rows, 0.0)
         if previous is None and self.promised_gain is None:
             previous = self.saved_fraction(self.first_step_seconds())
-        self.estimates.drafting_gain[rows] = gain if previous is None else 0.8 * previous + 0.2 * gain
+            weight = float(PRIOR_ROUNDS) if previous is not None else 0.0
+        share = expected / rows
+        weight += share
+        estimates.drafting_gain[rows] = gain if previous is None else previous + (gain - previous) * share / weight
+        estimates.gain_weight[rows] = min(weight, self.gain_window)
 
     def _record_drafting(self, calibrated: torch.Tensor, drafting: DraftRound) -> None:
         """Exponential averages of the per-position mean calibrated confidence, of the first drafting step's time and
