@@ -7,16 +7,10 @@ promise that matches but swings round to round means the average is noisy.
     .venv/bin/python benchmarks/issue36/dcut_gain/rounds.py dfly gsm8k_test 8 [--gain-window 5]
 """
 
-import argparse
+from common import arguments, dcut_run
 
-import torch
-
-import angelspec_hf
-from angelspec_hf.benchmark.suite import domain_or_set_prompts
-from angelspec_hf.generation.policies import DCut, resolve_policy
+from angelspec_hf.generation.policies import DCut
 from angelspec_hf.generation.session import memory_of
-from angelspec_hf.hub import load_drafter
-from angelspec_hf.prompts import encode_chat
 
 
 ROUNDS = []  # per drafting round: [promised g, confidence sum of the cut, depth, accepted]
@@ -63,25 +57,18 @@ def saved(rounds: list[dict], tokens: str) -> float:
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("drafter")
-    parser.add_argument("prompts")
-    parser.add_argument("limit", type=int)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--data-dir", default="../shared/data")
-    parser.add_argument("--gain-window", type=int, default=DCut.gain_window, help="5: ĝ as it averaged before")
+    parser = arguments()
+    parser.add_argument(
+        "--gain-window",
+        type=int,
+        default=DCut.gain_window,
+        help="ĝ's window, in no-draft rounds' worth (`GAIN_WINDOW`); the `_window5`/`_window20` files were measured "
+        "before ĝ weighed rounds by their tokens, 5 then being the old average",
+    )
     args = parser.parse_args()
     DCut.gain_window = args.gain_window
     instrument()
-    target = angelspec_hf.load_target("smollm2")
-    model, tokenizer = target.model, target.tokenizer
-    prompts = domain_or_set_prompts(args.prompts, args.limit, args.data_dir)
-    drafter = load_drafter(f"smollm2-135m-instruct-{args.drafter}", model, tokenizer)
-    for key, value in resolve_policy("dcut", drafter).generation_settings().items():
-        setattr(drafter.generation_config, key, value)
-    stop = {"max_new_tokens": args.max_new_tokens, "min_new_tokens": 0, "do_sample": False}
-    encoded = [torch.tensor([encode_chat(tokenizer, prompt)]) for prompt in prompts]
-    model.generate(encoded[0], max_new_tokens=4, do_sample=False, assistant_model=drafter)
+    model, drafter, encoded, stop = dcut_run(args)
     print("prompt  rounds  drafted (explored)  promised  got  mean |promised g - got g|  g_hat after")
     for i, input_ids in enumerate(encoded):
         ROUNDS.clear()

@@ -6,37 +6,16 @@ the prompt: ĝ < 0 stops drafting except for exploration rounds (`policies.DCut.
     .venv/bin/python benchmarks/issue36/dcut_gain/trace.py dfly math_reasoning 16
 """
 
-import argparse
 import time
 
 import torch
+from common import arguments, dcut_run
 
-import angelspec_hf
-from angelspec_hf.benchmark.suite import domain_or_set_prompts
-from angelspec_hf.generation.policies import resolve_policy
 from angelspec_hf.generation.session import memory_of
-from angelspec_hf.hub import load_drafter
-from angelspec_hf.prompts import encode_chat
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("drafter")
-    parser.add_argument("prompts")
-    parser.add_argument("limit", type=int)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--data-dir", default="../shared/data")
-    args = parser.parse_args()
-    target = angelspec_hf.load_target("smollm2")
-    model, tokenizer = target.model, target.tokenizer
-    prompts = domain_or_set_prompts(args.prompts, args.limit, args.data_dir)
-    drafter = load_drafter(f"smollm2-135m-instruct-{args.drafter}", model, tokenizer)
-    for key, value in resolve_policy("dcut", drafter).generation_settings().items():
-        setattr(drafter.generation_config, key, value)
-    stop = {"max_new_tokens": args.max_new_tokens, "min_new_tokens": 0, "do_sample": False}
-    encoded = [torch.tensor([encode_chat(tokenizer, prompt)]) for prompt in prompts]
-    model.generate(encoded[0], max_new_tokens=4, do_sample=False)
-    model.generate(encoded[0], max_new_tokens=4, do_sample=False, assistant_model=drafter)
+    model, drafter, encoded, stop = dcut_run(arguments().parse_args())
     print("prompt  tokens/round  drafted rounds  speedup  g_hat")
     for i, input_ids in enumerate(encoded):
         start = time.perf_counter()
