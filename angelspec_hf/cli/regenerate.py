@@ -46,8 +46,7 @@ def check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..generation.policies import profiled_rows
-    from ..generation.verify_cost import load_cost_model, profile_verify_cost
+    from ..generation.verify_cost import profile_verify_cost
     from ..training.regenerate import mean_attended_context, regenerate_responses
 
     target = load_target_from_args(args)
@@ -67,8 +66,13 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"{len(records)} responses in {args.output}")
     rows = args.batch_size
-    bound = rows / load_cost_model(target.model, rows=profiled_rows(rows))(rows, 1)
-    print(f"the bound of batched decoding on this machine ({rows} rows per forward): {bound:.0f} tokens/s")
+    # Measured now, at exactly this many rows, not read off D-cut's cached profile: that one interpolates between its
+    # profiled row counts and may have been taken under other load (48 rows in bf16, 2026-12-07: 335 tokens/s from
+    # it, 475 measured afresh on the idle machine).
+    step = profile_verify_cost(target.model, rows=[rows], tokens=[1], repeats=3, progress=False)
+    print(
+        f"the bound of batched decoding on this machine ({rows} rows per forward): {rows / step(rows, 1):.0f} tokens/s"
+    )
     # Attending over a longer context costs more (the KV cache is read at every step): the bound at the context
     # these responses were decoded at, which a perfect refill of rows of that length would reach.
     context = mean_attended_context(records)
