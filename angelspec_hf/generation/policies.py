@@ -340,8 +340,8 @@ class DCut(VerifyPolicy):
         """Average into ĝ the saved fraction g = 1 − r_0 / r this round's cut promises, weighted by the tokens per row
         it promises (1 + Σ_k c_rk over its rows): then ĝ = 1 − Σ t / Σ t_0, the share of decoding time the drafting
         rounds save against no-draft rounds yielding as many tokens, where a plain mean of the rounds' g would be
-        biased low (Jensen: a round sure of two drafts and one sure of none save 13 % together at a cost of 35 % of
-        a round, their g average 5 %). It is the weighted mean while the rounds add up to under `gain_window`
+        biased low (Jensen: two rounds each 35 % dearer than a no-draft one, promising one accepted draft and a tenth
+        of one, save 13 % of the time together, while their g average 5 %). It is the weighted mean while the rounds add up to under `gain_window`
         no-draft rounds, then an exponential average over about that many; the first round of a batch size averages
         with the g its mean confidences promise (`saved_fraction`), counted as `PRIOR_ROUNDS`. One round's g swings
         by ±0.3 with its confidences, and a round drafts only while ĝ > 0, else as exploration: an average over five
