@@ -25,6 +25,17 @@ def make_drafter(kind, target, oracle=True):
     )
 
 
+def greedy_round(values) -> DraftRound:
+    """A one-row greedy drafting round whose steps drew their tokens at draft probabilities `values` (each step's
+    greedy confidence: max q)."""
+    drafting = DraftRound(torch.ones(1), sampled=[False])
+    for value in values:
+        probabilities = torch.full((1, 100), (1 - value) / 99)
+        probabilities[0, 0] = value
+        drafting.choose(probabilities.log())
+    return drafting
+
+
 def mixed_requests(vocab_size, count=7, seed=0):
     """Prompts of 1 to 40 tokens and length limits of 1 to 40 new tokens."""
     rng = random.Random(seed)
@@ -278,11 +289,7 @@ def test_dcut_prices_drafting_by_what_its_cuts_promised_not_by_the_mean_confiden
         for round_index in range(30):
             policy.draft_count(row, budget=100, backlog=4)
             sure = (round_index + 1) % sure_every == 0
-            drafting = DraftRound(torch.ones(1), sampled=[False])
-            for value in [0.95, 0.9, 0.85] if sure else [0.02, 0.015, 0.012]:
-                probabilities = torch.full((1, 100), (1 - value) / 99)  # greedy confidence: max q = value
-                probabilities[0, 0] = value
-                drafting.choose(probabilities.log())
+            drafting = greedy_round([0.95, 0.9, 0.85] if sure else [0.02, 0.015, 0.012])
             policy.depths(drafting, [3], row, draft_seconds=0.01)
         return policy
 
@@ -309,12 +316,9 @@ def test_one_first_round_whose_cut_kept_little_does_not_stop_a_drafter_its_confi
 
     def unsure_round():
         assert policy.draft_count(row, budget=100, backlog=4) == 3
-        drafting = DraftRound(torch.ones(1), sampled=[False])
-        for _ in range(3):
-            probabilities = torch.full((1, 100), 0.99 / 99)
-            probabilities[0, 0] = 0.01
-            drafting.choose(probabilities.log())
-        policy.depths(drafting, [3], row, draft_seconds=0.5)  # a slow round that verified nothing: g < 0 alone
+        policy.depths(
+            greedy_round([0.01] * 3), [3], row, draft_seconds=0.5
+        )  # a slow round that verified nothing: g < 0 alone
 
     unsure_round()
     assert 0 < policy.estimates.drafting_gain[1] < promised and policy.drafting_pays(budget=100, backlog=4)
@@ -339,12 +343,7 @@ def test_a_few_unsure_rounds_after_many_good_ones_do_not_stop_a_drafter_that_pay
 
     def drafting_round(value, draft_seconds):
         policy.draft_count(row, budget=100, backlog=4)
-        drafting = DraftRound(torch.ones(1), sampled=[False])
-        for _ in range(3):
-            probabilities = torch.full((1, 100), (1 - value) / 99)
-            probabilities[0, 0] = value
-            drafting.choose(probabilities.log())
-        policy.depths(drafting, [3], row, draft_seconds=draft_seconds)
+        policy.depths(greedy_round([value] * 3), [3], row, draft_seconds=draft_seconds)
 
     for _ in range(20):
         drafting_round(0.9, draft_seconds=0.05)  # three drafts verified, g ≈ 0.67
@@ -373,13 +372,7 @@ def test_dcut_gain_is_the_share_of_time_saved_not_the_mean_of_the_rounds_saved_f
     row = [policy.new_row()]
     for index in range(200):
         policy.draft_count(row, budget=100, backlog=4)
-        value = 0.99 if index % 2 == 0 else 0.01
-        drafting = DraftRound(torch.ones(1), sampled=[False])
-        for _ in range(3):
-            probabilities = torch.full((1, 100), (1 - value) / 99)
-            probabilities[0, 0] = value
-            drafting.choose(probabilities.log())
-        policy.depths(drafting, [3], row, draft_seconds=0.35)
+        policy.depths(greedy_round([0.99 if index % 2 == 0 else 0.01] * 3), [3], row, draft_seconds=0.35)
     sure = sum(0.99**k for k in range(4))  # the bonus token and c_k = 0.99^k (the calibrator not yet fitted)
     shared = 1 - (0.35 + 1.1 + 0.35 + 1.0) / (sure + 1)
     assert abs(policy.estimates.drafting_gain[1] - shared) < 0.05

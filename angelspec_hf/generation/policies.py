@@ -30,9 +30,7 @@ from .verify_cost import CorrectedCost, VerifyCost, load_cost_model
 
 
 EXPLORATION_SHARE = 0.02  # most of a run's expected decoding time D-cut spends on drafting it does not expect to pay
-GAIN_WINDOW = (
-    20  # ĝ averages about the last GAIN_WINDOW no-draft rounds' worth of drafting rounds (`DCut._record_gain`)
-)
+GAIN_WINDOW = 20  # ĝ averages over about this many no-draft rounds' worth of drafting rounds (`DCut._record_gain`)
 PRIOR_ROUNDS = 4  # the g that the mean confidences promise (`DCut.saved_fraction`) counts as this many in ĝ
 PROFILED_ROWS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -205,7 +203,6 @@ class DCut(VerifyPolicy):
     """
 
     schedule = DCUT
-    gain_window: ClassVar[int] = GAIN_WINDOW
 
     def __init__(self, max_draft: int, cost_model: VerifyCost | None = None):
         super().__init__(max_draft)
@@ -341,14 +338,15 @@ class DCut(VerifyPolicy):
         it promises (1 + Σ_k c_rk over its rows): then ĝ = 1 − Σ t / Σ t_0, the share of decoding time the drafting
         rounds save against no-draft rounds yielding as many tokens, where a plain mean of the rounds' g would be
         biased low (Jensen: two rounds each 35 % dearer than a no-draft one, promising one accepted draft and a tenth
-        of one, save 13 % of the time together, while their g average 5 %). It is the weighted mean while the rounds add up to under `gain_window`
-        no-draft rounds, then an exponential average over about that many; the first round of a batch size averages
-        with the g its mean confidences promise (`saved_fraction`), counted as `PRIOR_ROUNDS`. One round's g swings
-        by ±0.3 with its confidences, and a round drafts only while ĝ > 0, else as exploration: an average over five
-        rounds stopped DFly on GSM8K prompts where it paid (`benchmarks/issue36/dcut_gain/`). A round that first
-        read a backlog is priced at a usual round's drafting time (its catch-up is priced apart, `catch_up_seconds`).
-        A round the drafter promised (the suffix drafter's matches) starts from its own g: its mean confidences say
-        little of the rounds it promises (`make demo`: τ 1.46 without averaging, 1.38 with)."""
+        of one, save 13 % of the time together, while their g average 5 %). It is the weighted mean while the rounds
+        add up to under `GAIN_WINDOW` no-draft rounds, then an exponential average over about that many; the first
+        round of a batch size averages with the g its mean confidences promise (`saved_fraction`), counted as
+        `PRIOR_ROUNDS`. One round's g swings by ±0.3 with its confidences, and a round drafts only while ĝ > 0, else
+        as exploration: an average over five rounds stopped DFly on GSM8K prompts where it paid
+        (`benchmarks/issue36/dcut_gain/`). A round that first read a backlog is priced at a usual round's drafting
+        time (its catch-up is priced apart, `catch_up_seconds`). A round the drafter promised (the suffix drafter's
+        matches) starts from its own g: its mean confidences say little of the rounds it promises (`make demo`: τ
+        1.46 without averaging, 1.38 with)."""
         if drafting.reads_backlog:
             steps = len(drafting.probabilities)
             draft_seconds = self.first_step_seconds() + max(0, steps - 1) * self.step_seconds
@@ -364,7 +362,7 @@ class DCut(VerifyPolicy):
         share = expected / rows
         weight += share
         estimates.drafting_gain[rows] = gain if previous is None else previous + (gain - previous) * share / weight
-        estimates.gain_weight[rows] = min(weight, self.gain_window)
+        estimates.gain_weight[rows] = min(weight, GAIN_WINDOW)
 
     def _record_drafting(self, calibrated: torch.Tensor, drafting: DraftRound) -> None:
         """Exponential averages of the per-position mean calibrated confidence, of the first drafting step's time and

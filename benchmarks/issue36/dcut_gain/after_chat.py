@@ -9,12 +9,11 @@ import sys
 import time
 
 import torch
+from common import dcut_drafter, warm_up
 
 import angelspec_hf
 from angelspec_hf.benchmark.suite import domain_or_set_prompts
-from angelspec_hf.generation.policies import resolve_policy
 from angelspec_hf.generation.session import memory_of
-from angelspec_hf.hub import load_drafter
 from angelspec_hf.prompts import encode_chat
 
 
@@ -22,13 +21,9 @@ def main():
     name, sets = sys.argv[1], [spec.split(":") for spec in sys.argv[2:]]
     target = angelspec_hf.load_target("smollm2")
     model, tokenizer = target.model, target.tokenizer
-    drafter = load_drafter(f"smollm2-135m-instruct-{name}", model, tokenizer)
-    for key, value in resolve_policy("dcut", drafter).generation_settings().items():
-        setattr(drafter.generation_config, key, value)
+    drafter = dcut_drafter(name, model, tokenizer)
     stop = {"max_new_tokens": 128, "min_new_tokens": 0, "do_sample": False}
-    warm = torch.tensor([encode_chat(tokenizer, "Hello")])
-    model.generate(warm, max_new_tokens=4, do_sample=False)
-    model.generate(warm, max_new_tokens=4, do_sample=False, assistant_model=drafter)
+    warm_up(model, drafter, torch.tensor([encode_chat(tokenizer, "Hello")]))
     for prompts, limit in sets:
         ar = spec = tokens = rounds = drafted = 0
         for prompt in domain_or_set_prompts(prompts, int(limit), "../shared/data"):

@@ -9,6 +9,7 @@ promise that matches but swings round to round means the average is noisy.
 
 from common import arguments, dcut_run
 
+from angelspec_hf.generation import policies
 from angelspec_hf.generation.policies import DCut
 from angelspec_hf.generation.session import memory_of
 
@@ -61,12 +62,12 @@ def main():
     parser.add_argument(
         "--gain-window",
         type=int,
-        default=DCut.gain_window,
+        default=policies.GAIN_WINDOW,
         help="ĝ's window, in no-draft rounds' worth (`GAIN_WINDOW`); the `_window5`/`_window20` files were measured "
         "before ĝ weighed rounds by their tokens, 5 then being the old average",
     )
     args = parser.parse_args()
-    DCut.gain_window = args.gain_window
+    policies.GAIN_WINDOW = args.gain_window
     instrument()
     model, drafter, encoded, stop = dcut_run(args)
     print("prompt  rounds  drafted (explored)  promised  got  mean |promised g - got g|  g_hat after")
