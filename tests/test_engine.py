@@ -10,7 +10,7 @@ from conftest import ARCHITECTURES, make_target
 from oracles import BatchOracleDFly, BatchOracleMTP
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, SuffixDrafter
-from angelspec_hf.generation.draft_round import DraftRound
+from angelspec_hf.generation.draft_round import DraftRound, draw, draw_rows
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
 from angelspec_hf.generation.verify_cost import VerifyCostModel
 
@@ -480,6 +480,49 @@ WINDOWED = {  # sliding-window attention on every layer (Mistral) or on the seco
     "mistral": dict(sliding_window=4),
     "qwen2": dict(use_sliding_window=True, sliding_window=4, max_window_layers=1),
 }
+
+
+@pytest.mark.chi2
+def test_rows_sampled_without_drafts_follow_each_requests_own_law():
+    """Rows that verify no draft draw together, one softmax and CDF per sampling setting (`_draw_undrafted`): the
+    second token of continuations sampled in batches that mix two settings, each against its exact law."""
+    from scipy.stats import chisquare
+
+    target = make_target("llama", vocab_size=24, num_hidden_layers=2)
+    target.lm_head.weight.div_(4.0)  # flatter distribution: many outcomes
+    prompt = [3, 9, 4, 11, 2, 17, 6]
+    settings = [dict(temperature=0.9), dict(temperature=0.6, top_k=8)]
+
+    def law(ids, temperature, top_k=None):
+        logits = target(torch.tensor([ids])).logits[0, -1] / temperature
+        if top_k is not None:
+            logits = logits.masked_fill(logits < logits.topk(top_k).values[-1], float("-inf"))
+        return logits.softmax(-1)
+
+    requests = [
+        Request(prompt, max_new_tokens=2, eos_token_id=[], do_sample=True, seed=s, **settings[s % 2])
+        for s in range(3000)
+    ]
+    outputs = SpeculativeEngine(target, max_batch_size=64).generate(requests)
+    with torch.no_grad():
+        for k, setting in enumerate(settings):
+            first = law(prompt, **setting)
+            following = torch.stack([law(prompt + [x], **setting) for x in range(first.numel())])
+            expected = (first[:, None] * following).sum(0)
+            second = torch.tensor([o.output_ids[1] for o in outputs[k::2]])
+            observed = torch.bincount(second, minlength=expected.numel()).double()
+            assert observed[expected == 0].sum() == 0  # top-k's excluded tokens never come
+            keep = expected * len(second) > 5
+            assert (
+                chisquare(observed[keep], expected[keep] * observed[keep].sum() / expected[keep].sum()).pvalue > 1e-3
+            )
+
+
+def test_draw_rows_gives_each_row_what_draw_gives_it_alone():
+    probabilities = torch.rand(6, 50).softmax(-1)
+    alone = [draw(p, torch.Generator().manual_seed(r)) for r, p in enumerate(probabilities)]
+    together = draw_rows(probabilities, [torch.Generator().manual_seed(r) for r in range(6)])
+    assert together == alone
 
 
 @pytest.mark.chi2

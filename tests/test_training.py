@@ -23,6 +23,7 @@ from angelspec_hf.training import (
     build_training_dataset,
     precompute_hidden_states,
 )
+from angelspec_hf.training.precision import MIN_SPEEDUP, Bf16Choice
 from angelspec_hf.training.regenerate import mean_attended_context, read_responses, regenerate_responses
 
 
@@ -576,6 +577,17 @@ def test_long_run_configs_parse_with_checkpoints_inside_fifteen_minutes(name):
     assert training_args.save_strategy == "steps" and training_args.save_steps * 8 <= 15 * 60
 
 
+@pytest.mark.parametrize("name", ["mtp_chat_more", "dfly_more", "dfly_more_cooldown", "dflash_more"])
+def test_the_configs_that_trained_in_bf16_measure_it_rather_than_assume_it(name):
+    """The runs trained under bf16 on an AMX Xeon; their configs use it where the machine measures it faster."""
+    parse_arguments = example("train_drafter").parse_arguments
+    drafter_args, data_args, training_args = parse_arguments(
+        ["--config", os.path.join(REPO, "examples", "configs", f"smollm2_{name}.yaml")]
+    )
+    assert drafter_args.bf16_where_faster and data_args.eval_responses
+    assert not training_args.bf16 and data_args.hidden_compute_dtype == "float32"  # until measured
+
+
 def test_training_curve_reads_the_newest_state_and_plots(tmp_path):
     from angelspec_hf.cli import main as cli_main
     from angelspec_hf.training.curves import training_curve
@@ -725,3 +737,51 @@ def test_a_run_snapshotted_to_a_card_continues_on_a_new_machine(
     with pytest.raises(SystemExit) as refused:
         cli_main(["snapshot", str(first), "--output", str(plain)])
     assert refused.value.code == 2 and "no recorded run" in capsys.readouterr().err
+
+
+def test_bf16_speedups_are_measured_on_the_targets_own_computations(chat_target):
+    """`Bf16Choice.measure` times the target's prefill and a draft layer's step of the target's family, each in
+    float32 and under bf16 autocast; bf16 is chosen for each part only where it is at least `MIN_SPEEDUP` faster."""
+    choice = Bf16Choice.measure(chat_target, rows=1, length=16, repeats=1)
+    assert 0 < choice.states_speedup < float("inf") and 0 < choice.step_speedup < float("inf")
+    assert f"{choice.states_speedup:.2f}x on the target's prefill" in choice.describe()
+    only_states = Bf16Choice(states_speedup=MIN_SPEEDUP, step_speedup=MIN_SPEEDUP - 0.01)
+    assert only_states.arguments() == ["--hidden_compute_dtype", "bfloat16", "--bf16", "false"]
+    assert Bf16Choice(0.6, 1.8).arguments() == ["--hidden_compute_dtype", "float32", "--bf16", "true"]
+
+
+def test_a_run_with_bf16_where_faster_trains_as_it_measured(
+    chat_target, smollm2_tokenizer, responses, tmp_path, monkeypatch, capsys
+):
+    """`bf16_where_faster`: the run measures, says what it chose, and caches its states and trains its steps so —
+    each part on its own (a machine where only the prefill pays, and its opposite); set beside `bf16` it is refused
+    before the target loads."""
+    module = example("train_drafter")
+    seen = []
+
+    class Recording(module.AngelSpecTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.append(self.accelerator.mixed_precision)
+
+    monkeypatch.setattr(module, "AngelSpecTrainer", Recording)
+    precompute = module.precompute_hidden_states
+
+    def recording_precompute(*args, compute_dtype="float32", **kwargs):
+        seen.append(compute_dtype)
+        return precompute(*args, compute_dtype=compute_dtype, **kwargs)
+
+    monkeypatch.setattr(module, "precompute_hidden_states", recording_precompute)
+    target_dir = tmp_path / "target"
+    chat_target.save_pretrained(target_dir)
+    smollm2_tokenizer.save_pretrained(target_dir)
+    common = ["--config", os.path.join(REPO, "examples", "configs", "tiny_mtp.yaml"), "--target", str(target_dir)]
+    common += ["--responses", responses, "--eval_prompts", "0", "--max_steps", "1", "--bf16_where_faster", "true"]
+    for choice, expected in ((Bf16Choice(2.0, 0.6), ["bfloat16", "no"]), (Bf16Choice(0.7, 1.5), ["float32", "bf16"])):
+        monkeypatch.setattr(module.Bf16Choice, "measure", classmethod(lambda cls, target, choice=choice: choice))
+        seen.clear()
+        module.main([*common, "--output_dir", str(tmp_path / str(choice.step))])
+        assert seen == expected
+        assert choice.describe() in capsys.readouterr().out
+    with pytest.raises(ValueError, match="leave both unset"):
+        module.main([*common, "--bf16", "true", "--output_dir", str(tmp_path / "refused")])

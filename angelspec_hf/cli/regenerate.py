@@ -9,11 +9,12 @@ from .common import check_data_dir, check_prompt_sources, check_target_arguments
 
 
 NAME = "regenerate"
+DTYPES = ("float32", "bfloat16")  # what --dtype auto chooses between
 HELP = "regenerate training responses with the target itself"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_target_arguments(parser)
+    add_target_arguments(parser, auto_dtype="decodes --batch-size rows")
     parser.add_argument("--sources", required=True, help="comma-separated prompt sets, e.g. alpaca_eval,arena_hard")
     parser.add_argument("--output", required=True, help="gzipped JSONL file, appended to (resumable)")
     parser.add_argument("--data-dir", default=None)
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from ..generation.verify_cost import profile_verify_cost
     from ..training.regenerate import mean_attended_context, regenerate_responses
 
-    target = load_target_from_args(args)
+    target = load_target_from_args(args) if args.dtype != "auto" else faster_target(args)
     records = regenerate_responses(
         target.model,
         target.tokenizer,
@@ -80,3 +81,16 @@ def run(args: argparse.Namespace) -> int:
         step = profile_verify_cost(target.model, rows=[rows], tokens=[1], context=context, repeats=3, progress=False)
         print(f"at these responses' mean attended context ({context} tokens): {rows / step(rows, 1):.0f} tokens/s")
     return 0
+
+
+def faster_target(args: argparse.Namespace):
+    """`--dtype auto`: the target loaded in bfloat16 where it decodes `--batch-size` rows at least `MIN_SPEEDUP`
+    faster than in float32 on this machine (measured: machines differ, `training.precision`), else in float32."""
+    from ..training.precision import MIN_SPEEDUP, decode_seconds
+
+    loaded = {dtype: load_target_from_args(argparse.Namespace(**{**vars(args), "dtype": dtype})) for dtype in DTYPES}
+    fp32, bf16 = decode_seconds(loaded["float32"].model, loaded["bfloat16"].model, rows=args.batch_size)
+    speedup = fp32 / bf16
+    dtype = "bfloat16" if speedup >= MIN_SPEEDUP else "float32"
+    print(f"--dtype auto: bfloat16 decodes {args.batch_size} rows {speedup:.2f}x as fast as float32 here: {dtype}")
+    return loaded[dtype]

@@ -176,9 +176,18 @@ class DraftRound(_DraftSteps):
 def draw(probabilities: torch.Tensor, generator: torch.Generator | None = None) -> int:
     """One token drawn from `probabilities` [V] by inverting its CDF at a uniform draw (float64): exactly the law
     `torch.multinomial` draws from, in a twentieth of its time over a 49k vocabulary on a CPU."""
-    cdf = probabilities.double().cumsum(0)
-    uniform = torch.rand((), generator=generator, dtype=torch.float64, device=cdf.device) * cdf[-1]
-    return int(torch.searchsorted(cdf, uniform, right=True).clamp(max=len(cdf) - 1))
+    return draw_rows(probabilities[None], [generator])[0]
+
+
+def draw_rows(probabilities: torch.Tensor, generators: list[torch.Generator | None]) -> list[int]:
+    """`draw` for each row of `probabilities` [n, V] with its own generator, in one CDF and one search for all rows
+    (each generator gives one uniform, as `draw` takes it)."""
+    cdf = probabilities.double().cumsum(-1)
+    uniforms = torch.stack(
+        [torch.rand((), generator=generator, dtype=torch.float64, device=cdf.device) for generator in generators]
+    )
+    tokens = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)
+    return tokens[:, 0].clamp(max=cdf.shape[-1] - 1).tolist()
 
 
 class DraftRoundRows(_DraftSteps):

@@ -1,0 +1,98 @@
+"""Where sampled regeneration loses to the batched-forward bound: one run of `regenerate_responses` (the target in DTYPE, 48 rows,
+temperature 0.8, three seeds per prompt, at most 160 new tokens, the first N MT-Bench-101 first turns), the engine's
+own clocks (prefills, target forwards, the rest of each step) read off the run, and the bound at 48 rows and the
+responses' mean attended context, and the batch cache's width against its rows' mean length. With `--cprofile` also
+the 25 functions of most own time; with `--max-waste F` the batch cache is compacted once holes are F of its columns
+(`RaggedCache.compact`'s default, 0.5 when this was written).
+
+    .venv/bin/python benchmarks/issue36/regen_share/share.py 160 float32 [--cprofile] [--max-waste 0.25]
+"""
+
+import cProfile
+import os
+import pstats
+import sys
+import tempfile
+import time
+
+import angelspec_hf
+from angelspec_hf.cache_utils import RaggedCache
+from angelspec_hf.generation import engine as engine_module
+from angelspec_hf.generation.verify_cost import profile_verify_cost
+from angelspec_hf.training.regenerate import mean_attended_context, read_responses, regenerate_responses
+
+
+limit, dtype = int(sys.argv[1]), sys.argv[2]
+rows = 48
+target = angelspec_hf.load_target("smollm2", dtype=dtype)
+engines = []
+_init = engine_module.SpeculativeEngine.__init__
+
+
+def keep(self, *args, **kwargs):  # the run's engine, to read its clocks afterwards
+    _init(self, *args, **kwargs)
+    engines.append(self)
+
+
+engine_module.SpeculativeEngine.__init__ = keep
+shapes = []  # (rows, cache width, mean row length) at each round
+_round = engine_module.SpeculativeEngine._round
+
+
+def measured_round(self):
+    shapes.append((len(self.rows), self.cache.width, float(self.cache.lengths.float().mean())))
+    return _round(self)
+
+
+engine_module.SpeculativeEngine._round = measured_round
+if "--max-waste" in sys.argv:
+    RaggedCache.compact.__defaults__ = (float(sys.argv[sys.argv.index("--max-waste") + 1]),)
+import angelspec_hf.training.regenerate as regenerate_module  # noqa: E402
+
+
+regenerate_module.SpeculativeEngine = engine_module.SpeculativeEngine
+output = os.path.join(tempfile.mkdtemp(), "responses.jsonl.xz")
+profiler = cProfile.Profile() if "--cprofile" in sys.argv else None
+start = time.perf_counter()
+if profiler:
+    profiler.enable()
+regenerate_responses(
+    target.model,
+    target.tokenizer,
+    ["mtbench101"],
+    output,
+    data_dir="../shared/data",
+    limit_per_source=limit,
+    max_prompt_tokens=256,
+    max_new_tokens=160,
+    batch_size=rows,
+    temperature=0.8,
+    seed=[90000, 94000, 98000],
+)
+if profiler:
+    profiler.disable()
+seconds = time.perf_counter() - start
+records = read_responses(output)
+tokens = sum(len(r["response_ids"]) for r in records)
+stats = engines[0].stats
+forward = sum(t[0] for t in stats.round_seconds)
+steps = sum(t[2] for t in stats.round_seconds)
+prefill = stats.phase_seconds["prefill"]
+context = mean_attended_context(records)
+bound = rows / profile_verify_cost(target.model, rows=[rows], tokens=[1], context=context, repeats=3, progress=False)(
+    rows, 1
+)
+print(f"{dtype}: {len(records)} responses, {tokens} tokens in {seconds:.1f} s: {tokens / seconds:.1f} tokens/s")
+print(f"bound at {rows} rows, context {context}: {bound:.1f} tokens/s -> {tokens / seconds / bound:.0%} of it")
+print(
+    f"rounds {stats.rounds} (mean rows {tokens / max(stats.rounds, 1):.1f}); forwards {forward:.1f} s, rest of the "
+    f"rounds {steps - forward:.1f} s, prefills {prefill:.1f} s ({stats.reused_prefills} reused), "
+    f"outside the engine's clocks {seconds - steps - prefill:.1f} s"
+)
+print(
+    f"compaction at {RaggedCache.compact.__defaults__[0]} of the columns: mean width "
+    f"{sum(s[1] for s in shapes) / len(shapes):.1f} columns over rows {sum(s[2] for s in shapes) / len(shapes):.1f} "
+    f"tokens long on average; rounds with 48 rows: {sum(s[0] == rows for s in shapes)} of {len(shapes)}"
+)
+if profiler:
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
