@@ -367,6 +367,25 @@ def test_a_noisy_non_monotone_profile_is_fitted_to_never_decrease(monkeypatch):
     assert model.problem() is None
 
 
+def test_the_verify_cost_is_profiled_on_the_cache_it_is_given():
+    """`new_cache`: the engine's bound is timed on the cache the engine writes into (`growing_cache`, in place),
+    not on transformers' `DynamicCache`, which copies itself at every forward."""
+    from angelspec_hf.cache_utils import GrowingLayer, growing_cache
+
+    made = []
+
+    def new_cache():
+        made.append(growing_cache())
+        return made[-1]
+
+    target = make_target("llama", dtype=torch.float32)
+    model = verify_cost.profile_verify_cost(
+        target, rows=[1, 2], tokens=[1, 2], repeats=1, progress=False, new_cache=new_cache
+    )
+    assert len(made) == 2 and all(isinstance(layer, GrowingLayer) for cache in made for layer in cache.layers)
+    assert all(cache.get_seq_length() > 0 for cache in made) and model.problem() is None
+
+
 def test_the_cost_in_use_follows_the_verify_forwards_a_run_times_and_never_falls_with_the_width():
     from angelspec_hf.generation.verify_cost import CorrectedCost
 

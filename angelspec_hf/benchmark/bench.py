@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import platform
@@ -279,8 +280,27 @@ def _compare(result: MethodResult, output: torch.Tensor, reference: torch.Tensor
     result.near_tie_divergences += divergence(target, [], reference[0].tolist(), output[0].tolist())["near_tie"]
 
 
+def code_fingerprint() -> str:
+    """A digest of the package's Python sources: a part measured by other code (another commit, an edit) is never
+    reported as this code's."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    digest = hashlib.sha256()
+    for folder, _, files in sorted(os.walk(package)):
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                digest.update(os.path.relpath(path, package).encode())
+                with open(path, "rb") as handle:
+                    digest.update(handle.read())
+    return digest.hexdigest()[:16]
+
+
 def machine_state() -> dict:
+    """What the numbers depend on besides the command: the libraries, threads, CPU, and the package's code (where
+    it was imported from and a digest of its sources: an A/B of two commits shows which ran)."""
     return {
+        "code": code_fingerprint(),
+        "package": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "threads": torch.get_num_threads(),

@@ -32,6 +32,7 @@ from ..hub import load_drafter
 from .bench import (
     Method,
     assisted_heuristic_method,
+    code_fingerprint,
     drafter_methods,
     machine_state,
     markdown_table,
@@ -158,21 +159,6 @@ def drafter_fingerprint(drafter) -> str:
     for name, tensor in sorted(drafter.state_dict().items()):
         digest.update(name.encode())
         digest.update(tensor.detach().contiguous().cpu().numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
-def code_fingerprint() -> str:
-    """A digest of the package's Python sources: a part measured by other code (another commit, an edit) is never
-    reported as this code's."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    digest = hashlib.sha256()
-    for folder, _, files in sorted(os.walk(package)):
-        for name in sorted(files):
-            if name.endswith(".py"):
-                path = os.path.join(folder, name)
-                digest.update(os.path.relpath(path, package).encode())
-                with open(path, "rb") as handle:
-                    digest.update(handle.read())
     return digest.hexdigest()[:16]
 
 

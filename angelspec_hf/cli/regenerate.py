@@ -10,6 +10,7 @@ from .common import check_data_dir, check_prompt_sources, check_target_arguments
 
 NAME = "regenerate"
 DTYPES = ("float32", "bfloat16")  # what --dtype auto chooses between
+
 HELP = "regenerate training responses with the target itself"
 
 
@@ -47,6 +48,7 @@ def check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..cache_utils import growing_cache
     from ..generation.verify_cost import profile_verify_cost
     from ..training.regenerate import mean_attended_context, regenerate_responses
 
@@ -69,8 +71,10 @@ def run(args: argparse.Namespace) -> int:
     rows = args.batch_size
     # Measured now, at exactly this many rows, not read off D-cut's cached profile: that one interpolates between its
     # profiled row counts and may have been taken under other load (48 rows in bf16, 2026-12-07: 335 tokens/s from
-    # it, 475 measured afresh on the idle machine).
-    step = profile_verify_cost(target.model, rows=[rows], tokens=[1], repeats=3, progress=False)
+    # it, 475 measured afresh on the idle machine). The forwards write into the engine's own cache, and take the
+    # median of 9: one forward of 48 rows varied from 116 to 165 ms on a shared 2-core machine.
+    bound = {"repeats": 9, "progress": False, "new_cache": growing_cache}
+    step = profile_verify_cost(target.model, rows=[rows], tokens=[1], **bound)
     print(
         f"the bound of batched decoding on this machine ({rows} rows per forward): {rows / step(rows, 1):.0f} tokens/s"
     )
@@ -78,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     # these responses were decoded at, which a perfect refill of rows of that length would reach.
     context = mean_attended_context(records)
     if context:
-        step = profile_verify_cost(target.model, rows=[rows], tokens=[1], context=context, repeats=3, progress=False)
+        step = profile_verify_cost(target.model, rows=[rows], tokens=[1], context=context, **bound)
         print(f"at these responses' mean attended context ({context} tokens): {rows / step(rows, 1):.0f} tokens/s")
     return 0
 

@@ -42,6 +42,7 @@ from ..metrics import SpeculationStats, round_profile
 from .draft_round import DraftRound, draw, draw_rows
 from .policies import RowState, VerifyPolicy
 from .session import DecodingSession
+from .target_states import TargetStateTaps
 from .timing import device_clock
 
 
@@ -261,6 +262,7 @@ class SpeculativeEngine:
             self.hidden_indices = drafter.target_hidden_state_indices()
             self.session = DecodingSession(target, drafter, policy, cost_model, max_rows=max_batch_size)
             self.max_draft = self.session.max_draft
+        self.taps = TargetStateTaps(target, self.hidden_indices)  # the states the drafter reads, hooked
         self.stats = EngineStats()
         self._submitted = 0
         self._rows_without_drafts: set[int] | None = None  # after a drafting failure (`_drafting_paused`)
@@ -444,16 +446,17 @@ class SpeculativeEngine:
             cache = RaggedCache(1, self.device)
             ids = torch.tensor([request.input_ids], device=self.device)
             cache.append(torch.ones_like(ids, dtype=torch.bool))
-            out = self.target(
-                input_ids=ids,
-                attention_mask=cache.valid.long(),
-                **with_cache(cache.cache),
-                use_cache=True,
-                output_hidden_states=self.hidden_indices or False,  # only the tapped layers are kept
-                logits_to_keep=1,
-            )
+            with self.taps.capturing():
+                out = self.target(
+                    input_ids=ids,
+                    attention_mask=cache.valid.long(),
+                    **with_cache(cache.cache),
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **self.taps.forward_kwargs(),
+                )
             logits = out.logits[0, -1:].float()
-            hidden = tuple(out.hidden_states[i][0] for i in self.hidden_indices) if self.drafter is not None else None
+            hidden = tuple(state[0] for state in self.taps.states(out)) if self.drafter is not None else None
             if self.prompt_prefills is not None:
                 self.prompt_prefills.put(prompt, cache, logits, hidden)
         else:
@@ -570,15 +573,17 @@ class SpeculativeEngine:
             torch.arange(width, device=self.device)[None, :] < torch.tensor(depths, device=self.device)[:, None] + 1
         )
         forward_start = device_clock(self.device)
-        out = self.target(
-            input_ids=chunk,
-            position_ids=positions,
-            attention_mask=self.cache.target_attention_mask(width, self.sliding_windows, self.target.dtype),
-            **with_cache(self.cache.cache),
-            use_cache=True,
-            output_hidden_states=self.hidden_indices or False,  # only the tapped layers are kept
-        )
+        with self.taps.capturing():
+            out = self.target(
+                input_ids=chunk,
+                position_ids=positions,
+                attention_mask=self.cache.target_attention_mask(width, self.sliding_windows, self.target.dtype),
+                **with_cache(self.cache.cache),
+                use_cache=True,
+                **self.taps.forward_kwargs(),
+            )
         forward = device_clock(self.device) - forward_start
+        hidden = self.taps.states(out)
         if self.session is not None:
             self.session.observe_forward(len(self.rows), width, forward)
         keep = torch.zeros(len(self.rows), width, dtype=torch.bool, device=self.device)
@@ -623,7 +628,7 @@ class SpeculativeEngine:
             row.emit(new_tokens)
             row.next_token = bonus
             if self.drafter is not None:  # appended: a round without drafting leaves the earlier ones unread
-                row.pending_hidden.append(tuple(out.hidden_states[i][r, : accepted + 1] for i in self.hidden_indices))
+                row.pending_hidden.append(tuple(state[r, : accepted + 1] for state in hidden))
                 row.pending_tokens.extend(new_tokens)
         self.cache.keep_last(keep)
         if drafting is not None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
-from transformers import DynamicCache
+from transformers import Cache, DynamicCache
 from transformers.utils.logging import tqdm  # honours transformers.utils.logging.disable_progress_bar()
 
 from ..cache_utils import with_cache
@@ -185,11 +185,13 @@ def profile_verify_cost(
     context: int = 128,
     repeats: int = 5,
     progress: bool = True,
+    new_cache: Callable[[], Cache] = DynamicCache,
 ) -> VerifyCostModel:
     """Time target forwards of `rows` × `tokens` new tokens over a `context`-token KV cache (median of `repeats`),
     fitted to never decrease (`monotone_fit`; the medians are kept as `measured`). The token counts of a row count
     take turns within each repeat, so a burst of load on a shared machine lands on one repeat of each rather than on
-    all repeats of one."""
+    all repeats of one. `new_cache` makes the cache the forwards write into: transformers' `DynamicCache` copies it
+    whole at each forward, the engine's `growing_cache` writes in place (48 rows, 121 tokens: 157 against 142 ms)."""
     rows, tokens = sorted(set(rows)), sorted(set(tokens))
     for name, values in (("rows", rows), ("tokens", tokens)):
         problem = _counts_problem(name, values)
@@ -205,7 +207,7 @@ def profile_verify_cost(
     bar = tqdm(total=len(rows) * (repeats + 1), desc="profiling verify cost", disable=not progress)
     for batch in rows:
         prompt = torch.randint(vocab, (batch, context), generator=generator).to(target.device)
-        cache = DynamicCache()
+        cache = new_cache()
         target(input_ids=prompt, **with_cache(cache), use_cache=True)
         inputs = [
             (

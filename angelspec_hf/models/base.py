@@ -284,6 +284,7 @@ REMOTE_CODE_HELPERS = (
     "generation/verify_cost.py",
     "generation/kernels.py",
     "generation/timing.py",
+    "generation/target_states.py",
 )
 
 

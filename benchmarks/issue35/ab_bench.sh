@@ -16,7 +16,9 @@ ab_bench() {
   local code=$1 stem=$2 path=. cache=/tmp/cache_ab_new
   shift 2
   if [ "$code" = old ]; then path=/tmp/wt_old; cache=/tmp/cache_ab_old; fi
-  ANGELSPEC_CACHE=$cache PYTHONPATH=$path .venv/bin/python -m angelspec_hf.cli bench "$@" \
+  # -P: `python -m` puts the working directory (the checkout) first on sys.path, ahead of PYTHONPATH, so without it
+  # the old side ran the new code (found 2026-12-07: the A/Bs made with this file before then compared new with new)
+  ANGELSPEC_CACHE=$cache PYTHONPATH=$path .venv/bin/python -P -m angelspec_hf.cli bench "$@" \
     --output "$stem.json" > "$stem.log" 2>&1
 }
 

@@ -1,7 +1,8 @@
 """Where sampled regeneration loses to the batched-forward bound: one run of `regenerate_responses` (the target in DTYPE, 48 rows,
 temperature 0.8, three seeds per prompt, at most 160 new tokens, the first N MT-Bench-101 first turns), the engine's
 own clocks (prefills, target forwards, the rest of each step) read off the run, and the bound at 48 rows and the
-responses' mean attended context, and the batch cache's width against its rows' mean length. With `--cprofile` also
+responses' mean attended context (measured before the run at 121 tokens, this command's, and after it at the
+responses' own), and the batch cache's width against its rows' mean length. With `--cprofile` also
 the 25 functions of most own time; with `--max-waste F` the batch cache is compacted once holes are F of its columns
 (`RaggedCache.compact`'s default, 0.5 when this was written).
 
@@ -16,7 +17,7 @@ import tempfile
 import time
 
 import angelspec_hf
-from angelspec_hf.cache_utils import RaggedCache
+from angelspec_hf.cache_utils import RaggedCache, growing_cache
 from angelspec_hf.generation import engine as engine_module
 from angelspec_hf.generation.verify_cost import profile_verify_cost
 from angelspec_hf.training.regenerate import mean_attended_context, read_responses, regenerate_responses
@@ -52,6 +53,17 @@ import angelspec_hf.training.regenerate as regenerate_module  # noqa: E402
 
 regenerate_module.SpeculativeEngine = engine_module.SpeculativeEngine
 output = os.path.join(tempfile.mkdtemp(), "responses.jsonl.xz")
+
+
+def bound_now(context: int) -> float:
+    """`angelspec regenerate`'s bound: 48 rows, one token, the engine's own cache, the median of 9 forwards."""
+    step = profile_verify_cost(
+        target.model, rows=[rows], tokens=[1], context=context, repeats=9, progress=False, new_cache=growing_cache
+    )
+    return rows / step(rows, 1)
+
+
+before = bound_now(121)  # the mean attended context of this command's responses
 profiler = cProfile.Profile() if "--cprofile" in sys.argv else None
 start = time.perf_counter()
 if profiler:
@@ -79,18 +91,20 @@ forward = sum(t[0] for t in stats.round_seconds)
 steps = sum(t[2] for t in stats.round_seconds)
 prefill = stats.phase_seconds["prefill"]
 context = mean_attended_context(records)
-bound = rows / profile_verify_cost(target.model, rows=[rows], tokens=[1], context=context, repeats=3, progress=False)(
-    rows, 1
+after = bound_now(context)
+print(
+    f"code {angelspec_hf.__file__}, {dtype}: {len(records)} responses, {tokens} tokens in {seconds:.1f} s: {tokens / seconds:.1f} tokens/s"
 )
-print(f"{dtype}: {len(records)} responses, {tokens} tokens in {seconds:.1f} s: {tokens / seconds:.1f} tokens/s")
-print(f"bound at {rows} rows, context {context}: {bound:.1f} tokens/s -> {tokens / seconds / bound:.0%} of it")
+print(
+    f"bound at {rows} rows, context {context}, before / after the run: {before:.1f} / {after:.1f} tokens/s -> {tokens / seconds / before:.0%} / {tokens / seconds / after:.0%} of it"
+)
 print(
     f"rounds {stats.rounds} (mean rows {tokens / max(stats.rounds, 1):.1f}); forwards {forward:.1f} s, rest of the "
     f"rounds {steps - forward:.1f} s, prefills {prefill:.1f} s ({stats.reused_prefills} reused), "
     f"outside the engine's clocks {seconds - steps - prefill:.1f} s"
 )
 print(
-    f"compaction at {RaggedCache.compact.__defaults__[0]} of the columns: mean width "
+    f"compaction at {getattr(engine_module, 'COMPACT_AT', RaggedCache.compact.__defaults__[0])} of the columns: mean width "
     f"{sum(s[1] for s in shapes) / len(shapes):.1f} columns over rows {sum(s[2] for s in shapes) / len(shapes):.1f} "
     f"tokens long on average; rounds with 48 rows: {sum(s[0] == rows for s in shapes)} of {len(shapes)}"
 )
