@@ -23,6 +23,7 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 from transformers.utils import logging
 
 from .session import DecodingSession
+from .target_states import TargetStateTaps
 from .timing import ForwardClock
 
 
@@ -49,8 +50,9 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
             raise ValueError("Empty prompt: speculative decoding needs at least one input token.")
         drafter.bind_target(target, tokenizer)
         self.drafter = drafter
-        self.hidden_indices = drafter.target_hidden_state_indices()
-        self.model_kwargs_overrides = {"output_hidden_states": self.hidden_indices or False}
+        self.taps = TargetStateTaps(target, drafter.target_hidden_state_indices())
+        # a caller who asked for the hidden states gets them all (the taps read theirs either way)
+        self.model_kwargs_overrides = {} if generation_config.output_hidden_states else self.taps.forward_kwargs()
         self.session = DecodingSession(target, drafter)  # the policy from the drafter's generation config
         self.row = self.session.new_row()
         self.max_length = generation_config.max_length
@@ -80,6 +82,7 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         # loop drops this generator (CPython frees it when `generate()` returns), its drafting by the `DraftRound`.
         self.forwards = ForwardClock(target)
         weakref.finalize(self, self.forwards.remove)
+        weakref.finalize(self, self.taps.install())  # the drafter's states, hooked on their layers while this lives
         self.round_started: float | None = None
 
     @property
@@ -104,7 +107,7 @@ class AngelSpecCandidateGenerator(CandidateGenerator):
         self.time_round()
         length = input_ids.shape[1]
         num_new = length - 1 - self.num_seen
-        new_hidden = tuple(model_outputs.hidden_states[i][:, :num_new] for i in self.hidden_indices)
+        new_hidden = tuple(state[:, :num_new] for state in self.taps.states(model_outputs))
         if self.pending_hidden:  # rounds without drafts left these unread
             new_hidden = tuple(torch.cat([old, new], 1) for old, new in zip(self.pending_hidden, new_hidden))
         self.pending_hidden = new_hidden

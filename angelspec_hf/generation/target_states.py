@@ -3,14 +3,16 @@ make them instead of through `output_hidden_states`.
 
 transformers' `output_hidden_states` (a list selects layers) hooks every decoder layer and collects through a
 context variable: on SmolLM2-135M on a CPU a forward of 3 new tokens costs 42.7 ms with it against 41.1 without, about
-3 % of a drafting round, for 3 or 4 states. `TargetStateTaps` hooks only the layers whose states are read, for the
-one forward they are read from, and gives the same tensors (`output_hidden_states`' numbering: 0 the embeddings, i
+3 % of a drafting round, for 3 or 4 states. `TargetStateTaps` hooks only the layers whose states are read (for the
+one forward they are read from in the engine, for the whole call in transformers' assisted loop), and gives the same
+tensors (`output_hidden_states`' numbering: 0 the embeddings, i
 the output of layer i, the last one after the final norm, as transformers ties it to `last_hidden_state`)."""
 
 from __future__ import annotations
 
 import contextlib
 from functools import partial
+from typing import Callable
 
 import torch
 
@@ -34,13 +36,12 @@ class TargetStateTaps:
         self._recorded: dict[int, torch.Tensor] = {}
 
     def forward_kwargs(self) -> dict:
-        """What the target's forward is called with: nothing when hooked, else `output_hidden_states`."""
-        return {} if self.hooked or not self.indices else {"output_hidden_states": self.indices}
+        """What the target's forward is called with: no `output_hidden_states` when hooked, else the indices."""
+        return {"output_hidden_states": False if self.hooked or not self.indices else self.indices}
 
-    @contextlib.contextmanager
-    def capturing(self):
-        """Hooks on the tapped layers for the forwards inside the block, removed after it."""
-        self._recorded = {}
+    def install(self) -> Callable[[], None]:
+        """Hook the tapped layers, each forward's states replacing the last's; returns what removes the hooks (for
+        a loop that calls the target itself, transformers' assisted decoding)."""
         handles = []
         if self.hooked:
             for index in set(self.indices):
@@ -50,11 +51,22 @@ class TargetStateTaps:
                 else:  # layer `index`'s output; after the last layer, the final norm's (`last_hidden_state`)
                     module = self._norm if index == len(self._layers) else self._layers[index - 1]
                     handles.append(module.register_forward_hook(partial(self._record_output, index)))
+
+        def remove() -> None:
+            for handle in handles:
+                handle.remove()
+
+        return remove
+
+    @contextlib.contextmanager
+    def capturing(self):
+        """Hooks on the tapped layers for the forwards inside the block, removed after it."""
+        self._recorded = {}
+        remove = self.install()
         try:
             yield self
         finally:
-            for handle in handles:
-                handle.remove()
+            remove()
 
     def states(self, output=None) -> tuple[torch.Tensor, ...]:
         """The states at `indices` of the last forward inside `capturing()` (`output`: that forward's output, read
