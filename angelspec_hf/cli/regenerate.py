@@ -9,9 +9,8 @@ from .common import check_data_dir, check_prompt_sources, check_target_arguments
 
 
 NAME = "regenerate"
-DTYPES = ("float32", "bfloat16")  # what --dtype auto chooses between
-
 HELP = "regenerate training responses with the target itself"
+DTYPES = ("float32", "bfloat16")  # what --dtype auto chooses between
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -254,15 +254,14 @@ class SpeculativeEngine:
         self.default_eos = (
             default_eos if isinstance(default_eos, list) else [] if default_eos is None else [default_eos]
         )
-        self.hidden_indices: list[int] = []
         self.session: DecodingSession | None = None
         self.max_draft = 0
         if drafter is not None:
             drafter.bind_target(target, tokenizer)
-            self.hidden_indices = drafter.target_hidden_state_indices()
             self.session = DecodingSession(target, drafter, policy, cost_model, max_rows=max_batch_size)
             self.max_draft = self.session.max_draft
-        self.taps = TargetStateTaps(target, self.hidden_indices)  # the states the drafter reads, hooked
+        # the target states the drafter reads, hooked on their layers (none without a drafter)
+        self.taps = TargetStateTaps(target, drafter.target_hidden_state_indices() if drafter is not None else [])
         self.stats = EngineStats()
         self._submitted = 0
         self._rows_without_drafts: set[int] | None = None  # after a drafting failure (`_drafting_paused`)
@@ -528,7 +527,7 @@ class SpeculativeEngine:
         tokens, lengths, hidden = pad_pending(
             [row.pending_tokens for row in self.rows],
             [row.pending_hidden for row in self.rows],
-            len(self.hidden_indices),
+            len(self.taps.indices),
             self.device,
         )
         draft_ids, logits, drafting = self.session.draft_round(

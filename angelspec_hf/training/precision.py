@@ -3,9 +3,9 @@
 Three computations dominate making a drafter on a CPU: the target's prefill that computes the cached training states,
 a draft layer's training step, and the target's batched decoding that regenerates responses. Whether bf16 speeds
 them up depends on the CPU, not on whether it lists bf16 instructions: with AMX tiles (2-core Xeon, 2026-12-07) 2.8×,
-1.8× and 1.68× (regeneration's tokens/s); with AVX-512 BF16 but no AMX (another 2-core Xeon) 0.61×, 0.64× and 0.83× —
-slower (`benchmarks/issue36/bf16_speed*.json`). So each is measured on the machine, on the computation itself at the run's
-shapes, and bf16 is used only where it is at least `MIN_SPEEDUP` faster.
+1.8× and 1.68× (regeneration's tokens/s); with AVX-512 BF16 but no AMX (another 2-core Xeon) 0.61×, 0.64× and 0.83×
+— slower (`benchmarks/issue36/bf16_speed*.json`). So each is measured on the machine, on the computation itself at
+the run's shapes, and bf16 is used only where it is at least `MIN_SPEEDUP` faster.
 """
 
 from __future__ import annotations
