@@ -10,7 +10,7 @@ from conftest import ARCHITECTURES, make_target
 from oracles import BatchOracleDFly, BatchOracleMTP
 
 from angelspec_hf import AngelSpecMTPDrafter, DFlyDrafter, SuffixDrafter
-from angelspec_hf.generation.draft_round import DraftRound, draw, draw_rows
+from angelspec_hf.generation.draft_round import CDF_BLOCK, DraftRound, draw, draw_rows, inverse_cdf
 from angelspec_hf.generation.engine import Request, SpeculativeEngine
 from angelspec_hf.generation.verify_cost import VerifyCostModel
 
@@ -95,6 +95,21 @@ def test_batched_autoregressive_baseline_matches_generate():
     references = solo_outputs(target, requests)
     outputs = SpeculativeEngine(target, None, max_batch_size=3).generate(requests)
     assert [o.output_ids for o in outputs] == [references[r.request_id] for r in requests]
+
+
+def test_greedy_requests_batched_with_sampled_ones_match_their_solo_generate():
+    """The target's argmax is taken only when a row decodes greedily: in a batch that mixes both, greedy rows are
+    still exactly `generate`'s, and a batch of sampled rows alone still decodes."""
+    target = make_target("llama", num_hidden_layers=2)
+    greedy = mixed_requests(target.config.vocab_size, count=4, seed=5)
+    references = solo_outputs(target, greedy)
+    sampled = [
+        Request(r.input_ids, max_new_tokens=12, eos_token_id=[], do_sample=True, seed=k) for k, r in enumerate(greedy)
+    ]
+    outputs = SpeculativeEngine(target, None, max_batch_size=8).generate([*greedy, *sampled])
+    assert [o.output_ids for o in outputs[:4]] == [references[r.request_id] for r in greedy]
+    alone = SpeculativeEngine(target, None, max_batch_size=8).generate(sampled)
+    assert [len(o.output_ids) for o in alone] == [12] * 4
 
 
 @pytest.mark.parametrize("kind", ["mtp", "dfly"])
@@ -391,9 +406,53 @@ def test_dcut_explores_an_unknown_drafter_early_and_reprobes_within_its_share():
     assert policy.draft_count(row, budget=200, backlog=2) == 3 and policy.exploring
     policy.estimates.depth_confidence = torch.zeros(3, dtype=torch.float64)  # it did not pay
     probes = [left for left in range(199, 0, -1) if policy.draft_count(row, budget=left, backlog=2)]
-    assert len(probes) >= 3 and policy.explored_seconds <= EXPLORATION_SHARE * policy.decoded_seconds
+    estimates = policy.estimates
+    assert len(probes) >= 3 and estimates.explored_seconds <= EXPLORATION_SHARE * estimates.decoded_seconds
     gaps = [earlier - later for earlier, later in zip(probes, probes[1:])]
     assert min(gaps) >= 20  # spread over the run, not spent at once
+
+
+def test_dcut_reprobes_a_drafter_whose_probe_costs_more_than_one_run_affords():
+    """The exploration account spans runs (the drafter's memory): a probe that reads a long backlog costs more than
+    2 % of one short run, so runs priced alone never probed again; over several runs it is afforded, spaced, and
+    a long stretch of paying rounds banks no burst of probes."""
+    from angelspec_hf.generation.policies import EXPLORATION_SHARE, DCut, DrafterEstimates
+
+    profile = VerifyCostModel(rows=[1], tokens=[1, 2, 4, 64], seconds=[[1.0, 1.5, 2.5, 4.0]], context=0)
+    estimates = DrafterEstimates(read_ratio=0.5, depth_confidence=torch.zeros(3, dtype=torch.float64))
+    probed_runs = []
+    for run in range(
+        12
+    ):  # runs of 30 rounds (30 s at the no-draft cost); a probe costs 2.5 s, 0.75 s of it the backlog
+        policy = DCut(3, cost_model=profile)
+        policy.estimates = estimates
+        row = [policy.new_row()]
+        probes = [left for left in range(30, 0, -1) if policy.draft_count(row, budget=left, backlog=64)]
+        assert EXPLORATION_SHARE * 30 < 2.5 and len(probes) <= 1
+        probed_runs += [run] * len(probes)
+    assert len(probed_runs) >= 2 and min(b - a for a, b in zip(probed_runs, probed_runs[1:])) >= 2
+    assert estimates.explored_seconds <= EXPLORATION_SHARE * estimates.decoded_seconds
+    estimates.decoded_seconds += 10_000.0  # a long stretch of paying rounds
+    policy = DCut(3, cost_model=profile)
+    policy.estimates = estimates
+    row = [policy.new_row()]
+    assert sum(1 for left in range(30, 0, -1) if policy.draft_count(row, budget=left, backlog=64)) <= 2
+
+
+def test_a_dcut_probe_verifies_a_first_draft_its_cut_would_drop():
+    """An exploration round verifies each drafting row's first draft whatever its confidences (they are what the
+    probe corrects; cut to nothing it teaches the calibrator nothing); the same round not exploring verifies none."""
+    from angelspec_hf.generation.policies import DCut, DrafterEstimates
+
+    profile = VerifyCostModel(rows=[1], tokens=[1, 2, 4], seconds=[[1.0, 1.5, 2.5]], context=0)
+    policy = DCut(3, cost_model=profile)
+    policy.estimates = DrafterEstimates(read_ratio=0.01)
+    row = [policy.new_row()]
+    assert policy.draft_count(row, budget=200, backlog=2) == 3 and policy.exploring
+    assert policy.depths(greedy_round([0.02, 0.02, 0.02]), caps=[3], rows=row, draft_seconds=0.01) == [1]
+    policy.exploring = False  # the same round, drafted because it was expected to pay
+    assert policy.depths(greedy_round([0.02, 0.02, 0.02]), caps=[3], rows=row, draft_seconds=0.01) == [0]
+    assert policy.depths(greedy_round([0.02]), caps=[0], rows=row, draft_seconds=0.01) == [0]  # a row with no cap
 
 
 def test_dcut_estimate_keeps_positions_the_early_exit_did_not_reach():
@@ -523,6 +582,35 @@ def test_draw_rows_gives_each_row_what_draw_gives_it_alone():
     alone = [draw(p, torch.Generator().manual_seed(r)) for r, p in enumerate(probabilities)]
     together = draw_rows(probabilities, [torch.Generator().manual_seed(r) for r in range(6)])
     assert together == alone
+
+
+def test_inverse_cdf_in_blocks_is_the_inverse_of_the_whole_cdf():
+    """The two-level inversion picks the token the float64 CDF over the whole vocabulary picks, for a vocabulary
+    that is not a multiple of the block, with top-k zeros among the tokens."""
+    generator = torch.Generator().manual_seed(0)
+    probabilities = torch.rand(64, 1000, generator=generator) ** 4
+    probabilities[probabilities < 0.2] = 0  # most tokens excluded, as a top-k or top-p warper leaves them
+    probabilities /= probabilities.sum(-1, keepdim=True)
+    uniforms = torch.rand(64, generator=generator, dtype=torch.float64)
+    cdf = probabilities.double().cumsum(-1)
+    whole = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)[:, 0]
+    assert inverse_cdf(probabilities, uniforms).tolist() == whole.tolist()
+
+
+def test_inverse_cdf_never_gives_a_token_of_zero_probability():
+    """At the extreme uniforms (0 and the largest float64 below 1), with zero blocks inside and after the mass."""
+    probabilities = torch.zeros(3, 3 * CDF_BLOCK + 7)
+    probabilities[0, 5] = 1.0  # one token
+    probabilities[1, [3, CDF_BLOCK * 2 + 1]] = torch.tensor([0.25, 0.75])  # an empty block between two masses
+    probabilities[2, : CDF_BLOCK + 1] = 1 / (CDF_BLOCK + 1)  # the last positive token opens a block
+    for u in (0.0, 1.0 - 2.0**-53):
+        tokens = inverse_cdf(probabilities, torch.full((3,), u, dtype=torch.float64))
+        assert (probabilities.gather(1, tokens[:, None]) > 0).all(), (u, tokens)
+    assert inverse_cdf(probabilities, torch.full((3,), 1.0 - 2.0**-53, dtype=torch.float64)).tolist() == [
+        5,
+        CDF_BLOCK * 2 + 1,
+        CDF_BLOCK,
+    ]
 
 
 @pytest.mark.chi2

@@ -179,15 +179,48 @@ def draw(probabilities: torch.Tensor, generator: torch.Generator | None = None) 
     return draw_rows(probabilities[None], [generator])[0]
 
 
+CDF_BLOCK = 256  # tokens per block of `draw_rows`' two-level CDF
+
+
 def draw_rows(probabilities: torch.Tensor, generators: list[torch.Generator | None]) -> list[int]:
-    """`draw` for each row of `probabilities` [n, V] with its own generator, in one CDF and one search for all rows
-    (each generator gives one uniform, as `draw` takes it)."""
-    cdf = probabilities.double().cumsum(-1)
+    """`draw` for each row of `probabilities` [n, V] with its own generator (one float64 uniform each), for all rows
+    at once (`inverse_cdf`)."""
     uniforms = torch.stack(
-        [torch.rand((), generator=generator, dtype=torch.float64, device=cdf.device) for generator in generators]
+        [
+            torch.rand((), generator=generator, dtype=torch.float64, device=probabilities.device)
+            for generator in generators
+        ]
     )
-    tokens = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)
-    return tokens[:, 0].clamp(max=cdf.shape[-1] - 1).tolist()
+    return inverse_cdf(probabilities, uniforms).tolist()
+
+
+def inverse_cdf(probabilities: torch.Tensor, uniforms: torch.Tensor) -> torch.LongTensor:
+    """Per row of `probabilities` [n, V], the token where its CDF passes `uniforms` [n] (in [0, 1)) times the row's
+    mass, in two levels: the block of `CDF_BLOCK` tokens where the cumulative block mass passes it (block masses
+    summed in float32), then the token where the block's float64 CDF passes the same share of the block. A float64
+    CDF over the whole vocabulary cost 3.3 ms a step of sampled regeneration (48 rows, a 49k vocabulary, a CPU),
+    this a tenth of that. A token of zero probability is never drawn, also where rounding puts the point past a
+    block's or the row's last mass."""
+    rows, vocab = probabilities.shape
+    if vocab % CDF_BLOCK:
+        probabilities = torch.nn.functional.pad(probabilities, (0, CDF_BLOCK - vocab % CDF_BLOCK))
+    blocks = probabilities.reshape(rows, -1, CDF_BLOCK)
+    block_cdf = blocks.sum(-1).double().cumsum(-1)
+    point = uniforms.double() * block_cdf[:, -1]
+    block = _invert(block_cdf, point)
+    before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)[:, None])[:, 0], 0.0)
+    mass = block_cdf.gather(1, block[:, None])[:, 0] - before
+    within = blocks[torch.arange(rows, device=blocks.device), block].double().cumsum(-1)
+    share = ((point - before) / mass).nan_to_num(0.0)
+    return block * CDF_BLOCK + _invert(within, share * within[:, -1])
+
+
+def _invert(cdf: torch.Tensor, point: torch.Tensor) -> torch.LongTensor:
+    """Per row of a CDF [n, m], the first index whose cumulative mass exceeds `point` [n], at most the row's last
+    index of positive mass (where the mass reaches its total)."""
+    found = torch.searchsorted(cdf, point[:, None], right=True)[:, 0]
+    last_positive = (cdf < cdf[:, -1:]).sum(-1)
+    return torch.minimum(found, last_positive)
 
 
 class DraftRoundRows(_DraftSteps):

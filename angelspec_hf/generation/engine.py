@@ -438,7 +438,15 @@ class SpeculativeEngine:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(int(request.seed) if request.seed is not None else torch.seed())
         policy_row = self.session.new_row() if self.session is not None else None
-        row = _Row(request, output, eos, _processors(request), generator, next_token=-1, policy_row=policy_row)
+        row = _Row(
+            request,
+            output,
+            eos,
+            _processors(_sampling_settings(request)),
+            generator,
+            next_token=-1,
+            policy_row=policy_row,
+        )
         prompt = tuple(request.input_ids)
         kept = self.prompt_prefills.get(prompt) if self.prompt_prefills is not None else None
         if kept is None:
@@ -590,9 +598,9 @@ class SpeculativeEngine:
             list(depths),
             [0] * len(self.rows),
         )  # what the policy learns from (failed rows: nothing)
-        # the target's choice at every position, one call for all rows (max's indices are the argmax, the first of a
-        # tie too, in a third to a fifth of argmax's time over a 49k vocabulary on a CPU)
-        greedy = out.logits.max(-1).indices.tolist()
+        # the target's choice at every position when a row decodes greedily, one call for all rows (max's indices are
+        # the argmax, the first of a tie too, in a third to a fifth of argmax's time over a 49k vocabulary on a CPU)
+        greedy = out.logits.max(-1).indices.tolist() if any(not row.request.do_sample for row in self.rows) else None
         undrafted = self._draw_undrafted(out.logits, depths)
         for r, row in enumerate(self.rows):
             depth = depths[r]
@@ -646,8 +654,7 @@ class SpeculativeEngine:
         groups = defaultdict(list)
         for r, row in enumerate(self.rows):
             if not depths[r] and row.request.do_sample and not row.request.reproducible:
-                request = row.request
-                groups[(request.temperature, request.top_k, request.top_p)].append(r)
+                groups[_sampling_settings(row.request)].append(r)
         tokens = {}
         for members in groups.values():
             try:
@@ -804,17 +811,24 @@ NO_IDS = torch.empty(1, 0, dtype=torch.long)
 """What `_processors`' warpers get for the ids so far: they read only the scores (no penalty that looks back)."""
 
 
-def _processors(request: Request) -> LogitsProcessorList:
-    """The request's temperature, top-k and top-p warpers: each reads only the scores it is given, so one list
-    serves any rows of the same settings at once."""
+def _sampling_settings(request: Request) -> tuple | None:
+    """All that a request's warpers read: (temperature, top-k, top-p) when it samples, else None. Rows of one
+    setting share their warpers' work (`_draw_undrafted`), so `_processors` builds them from this alone."""
+    return (request.temperature, request.top_k, request.top_p) if request.do_sample else None
+
+
+def _processors(settings: tuple | None) -> LogitsProcessorList:
+    """The temperature, top-k and top-p warpers of `_sampling_settings`: each reads only the scores it is given,
+    so one list serves any rows of the same settings at once."""
     processors = LogitsProcessorList()
-    if request.do_sample:
-        if request.temperature != 1.0:
-            processors.append(TemperatureLogitsWarper(request.temperature))
-        if request.top_k:
-            processors.append(TopKLogitsWarper(request.top_k))
-        if request.top_p is not None and request.top_p < 1.0:
-            processors.append(TopPLogitsWarper(request.top_p))
+    if settings is not None:
+        temperature, top_k, top_p = settings
+        if temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(temperature))
+        if top_k:
+            processors.append(TopKLogitsWarper(top_k))
+        if top_p is not None and top_p < 1.0:
+            processors.append(TopPLogitsWarper(top_p))
     return processors
 
 

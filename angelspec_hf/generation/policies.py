@@ -143,6 +143,14 @@ class DrafterEstimates:
     # what each ĝ rests on, in no-draft rounds' worth of tokens (PRIOR_ROUNDS included where it started from the
     # mean confidences), at most GAIN_WINDOW
     gain_weight: dict[int, float] = field(default_factory=dict)
+    # The exploration budget's account (`DCut.may_explore`), over every run since the memory began: the rounds
+    # decoded, each at the no-draft verify cost, and what drafting not expected to pay spent. Kept per run, a
+    # drafter that stopped paying was never re-probed: its probe reads the request's whole backlog (80-140 ms for
+    # DFly on a 2-core CPU), a run's 2 % of 128 tokens reaches about 100 ms only at its end, and the backlog grows as
+    # fast as the budget (after 8 MT-bench prompts DFly drafted no round on 6 GSM8K prompts, where 2 a round gave
+    # 1.22x).
+    decoded_seconds: float = 0.0
+    explored_seconds: float = 0.0
 
 
 def parameter_ratio(drafter, target) -> float:
@@ -198,7 +206,12 @@ class DCut(VerifyPolicy):
     catch-up (reading a backlog of verified tokens left by skipped rounds or a new prompt, beyond a usual round's
     1 + max_draft) costs `read_ratio` × (t_v(R, backlog) − t_v(R, 1 + max_draft)), and a round drafts when g > 0 and
     g repays that catch-up over the time the batch has left. Otherwise it drafts only as exploration (an unknown drafter, or one not expected to
-    pay, re-probed so that ĉ follows drift), within `EXPLORATION_SHARE` of the run's decoding time (`may_explore`).
+    pay, re-probed so that ĉ follows drift), within `EXPLORATION_SHARE` of the decoding time of every run since the
+    drafter's memory began (`may_explore`, `DrafterEstimates.decoded_seconds`);
+    such a probe verifies at least each row's first draft, whatever the cut says: its calibrated confidences are
+    what the probe is to correct, and a probe they cut to nothing taught the calibrator nothing (the suite of
+    2026-12-07: DFly, after MT-bench prompts where it lost, never drafted again on GSM8K and MBPP, where two drafts
+    a round gave 1.22x). The probe's price in `may_explore` counts that verified draft already.
     Sequential drafting stops early once no further step can raise the round's rate.
     """
 
@@ -210,8 +223,6 @@ class DCut(VerifyPolicy):
         self.estimates: DrafterEstimates | None = None
         self.step_seconds = 0.0  # one sequential drafting step, measured (optimistic 0 until measured)
         self.first_draft_seconds: float | None = None  # running estimate: reading a round's tokens + first step
-        self.decoded_seconds = 0.0  # this run's rounds so far, each counted at the no-draft verify cost
-        self.explored_seconds = 0.0  # spent this run on drafting rounds not expected to pay
         self.exploring = False  # this round drafts as exploration
         self.probe_seconds = 0.0  # what this round's exploration was estimated to cost
         self.rows = 1
@@ -263,7 +274,7 @@ class DCut(VerifyPolicy):
         self.promised_gain = promised_gain
         self.rows = len(rows)
         self.widths = [self.cost_model(self.rows, width) for width in range(1, self.max_draft + 2)]
-        self.decoded_seconds += self.widths[0]
+        self.estimates.decoded_seconds += self.widths[0]
         self.exploring = False
         if count and not self.drafting_pays(budget, backlog):
             self.exploring = self.may_explore(count, budget, backlog)
@@ -288,15 +299,20 @@ class DCut(VerifyPolicy):
 
     def may_explore(self, count: int, budget: int, backlog: int) -> bool:
         """Whether a drafting round not expected to pay (catch-up, `count` steps and a wider verify) fits in
-        `EXPLORATION_SHARE` of the run's decoding time, counted at the no-draft cost per round: the rounds run so
-        far, and, while the drafter has never drafted, also the `budget` rounds left (an unknown drafter is tried
-        early; a known one is re-probed only as the run's time pays for it). Charges the estimated cost."""
+        `EXPLORATION_SHARE` of the decoding time, counted at the no-draft cost per round: the rounds of every run
+        since the drafter's memory began, and, while the drafter has never drafted, also the `budget` rounds left
+        (an unknown drafter is tried early; a known one is re-probed only as the time decoded pays for it). The
+        account banks at most two probes, so a drafter that stops paying after a long stretch of paying rounds is
+        re-probed at the usual spacing, not in a burst. Charges the estimated cost."""
         probe = self.first_step_seconds() + self.catch_up_seconds(backlog) + (count - 1) * self.step_seconds
         probe += self.widths[1] - self.widths[0]
-        horizon = self.decoded_seconds + (budget * self.widths[0] if self.depth_confidence is None else 0.0)
-        if self.explored_seconds + probe > EXPLORATION_SHARE * horizon:
+        estimates = self.estimates
+        horizon = estimates.decoded_seconds + (budget * self.widths[0] if self.depth_confidence is None else 0.0)
+        banked = EXPLORATION_SHARE * estimates.decoded_seconds - 2 * probe
+        estimates.explored_seconds = max(estimates.explored_seconds, banked)
+        if estimates.explored_seconds + probe > EXPLORATION_SHARE * horizon:
             return False
-        self.explored_seconds += probe
+        estimates.explored_seconds += probe
         self.probe_seconds = probe
         return True
 
@@ -328,9 +344,13 @@ class DCut(VerifyPolicy):
         self._record_drafting(calibrated, drafting)
         confidences = [row[:cap] for row, cap in zip(calibrated, caps)]
         depths = dcut_depths(confidences, self.verify_seconds, draft_seconds, sampled=drafting.sampled.tolist())
+        if self.exploring:  # a probe verifies each row's first draft at least: a cut to none teaches ĉ nothing
+            depths = [max(depth, min(1, len(row))) for depth, row in zip(depths, confidences)]
         self._record_gain(drafting, confidences, depths, draft_seconds)
         if self.exploring:  # what the probe cost over a round without drafts, in place of its estimate
-            self.explored_seconds += draft_seconds + self.widths[max(depths)] - self.widths[0] - self.probe_seconds
+            self.estimates.explored_seconds += (
+                draft_seconds + self.widths[max(depths)] - self.widths[0] - self.probe_seconds
+            )
         return depths
 
     def _record_gain(self, drafting: DraftRound, confidences, depths: list[int], draft_seconds: float) -> None:

@@ -4,9 +4,12 @@ own clocks (prefills, target forwards, the rest of each step) read off the run, 
 responses' mean attended context (measured before the run at 121 tokens, this command's, and after it at the
 responses' own), and the batch cache's width against its rows' mean length. With `--cprofile` also
 the 25 functions of most own time; with `--max-waste F` the batch cache is compacted once holes are F of its columns
-(`RaggedCache.compact`'s default, 0.5 when this was written).
+(`RaggedCache.compact`'s default, 0.5 when this was written). With `--probe-every K` the bound is also timed during
+the run, every K rounds (3 forwards of 48 rows × 1 token over a 121-token cache of the engine's kind, prefilled once
+before the run), its time taken out of the run's: on a machine whose speed drifts by a third within minutes, the
+bound of the minutes the run took (the median of the probes), not of the minute before or after it.
 
-    .venv/bin/python benchmarks/issue36/regen_share/share.py 160 float32 [--cprofile] [--max-waste 0.25]
+    .venv/bin/python benchmarks/issue36/regen_share/share.py 160 float32 [--cprofile] [--max-waste 0.25] [--probe-every 25]
 """
 
 import cProfile
@@ -16,8 +19,10 @@ import sys
 import tempfile
 import time
 
+import torch
+
 import angelspec_hf
-from angelspec_hf.cache_utils import RaggedCache, growing_cache
+from angelspec_hf.cache_utils import RaggedCache, growing_cache, with_cache
 from angelspec_hf.generation import engine as engine_module
 from angelspec_hf.generation.verify_cost import profile_verify_cost
 from angelspec_hf.training.regenerate import mean_attended_context, read_responses, regenerate_responses
@@ -46,6 +51,45 @@ def measured_round(self):
 
 
 engine_module.SpeculativeEngine._round = measured_round
+probe_every = int(sys.argv[sys.argv.index("--probe-every") + 1]) if "--probe-every" in sys.argv else None
+probes, probe_seconds = [], [0.0]  # seconds of one bound forward each; the run's seconds spent probing
+
+
+class BoundProbe:
+    """The bound's forward (48 rows, one new token over 121 tokens of the engine's cache kind), timed on demand."""
+
+    def __init__(self, context: int = 121):
+        generator = torch.Generator().manual_seed(0)
+        vocab = target.model.config.vocab_size
+        self.cache = growing_cache()
+        with torch.no_grad():
+            target.model(
+                input_ids=torch.randint(vocab, (rows, context), generator=generator), **with_cache(self.cache)
+            )
+        self.new = torch.randint(vocab, (rows, 1), generator=generator)
+        self.positions = torch.full((rows, 1), context)
+
+    def time(self, count: int = 3) -> None:
+        start = time.perf_counter()
+        with torch.no_grad():
+            for _ in range(count):
+                forward = time.perf_counter()
+                target.model(input_ids=self.new, position_ids=self.positions, **with_cache(self.cache))
+                probes.append(time.perf_counter() - forward)
+                self.cache.crop(-1)
+        probe_seconds[0] += time.perf_counter() - start
+
+
+if probe_every:
+    probe = BoundProbe()
+    _probed_round = engine_module.SpeculativeEngine._round
+
+    def probed_round(self):
+        if len(shapes) % probe_every == 1:
+            probe.time()
+        return _probed_round(self)
+
+    engine_module.SpeculativeEngine._round = probed_round
 if "--max-waste" in sys.argv:
     RaggedCache.compact.__defaults__ = (float(sys.argv[sys.argv.index("--max-waste") + 1]),)
 import angelspec_hf.training.regenerate as regenerate_module  # noqa: E402
@@ -83,7 +127,7 @@ regenerate_responses(
 )
 if profiler:
     profiler.disable()
-seconds = time.perf_counter() - start
+seconds = time.perf_counter() - start - probe_seconds[0]
 records = read_responses(output)
 tokens = sum(len(r["response_ids"]) for r in records)
 stats = engines[0].stats
@@ -108,5 +152,12 @@ print(
     f"{sum(s[1] for s in shapes) / len(shapes):.1f} columns over rows {sum(s[2] for s in shapes) / len(shapes):.1f} "
     f"tokens long on average; rounds with 48 rows: {sum(s[0] == rows for s in shapes)} of {len(shapes)}"
 )
+if probes:
+    during = rows / sorted(probes)[len(probes) // 2]
+    print(
+        f"bound during the run ({len(probes)} probe forwards, {probe_seconds[0]:.1f} s taken out of the run's): "
+        f"{during:.1f} tokens/s (forwards {min(probes) * 1000:.0f}-{max(probes) * 1000:.0f} ms) -> "
+        f"{tokens / seconds / during:.0%} of it"
+    )
 if profiler:
     pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
