@@ -193,6 +193,17 @@ def test_sampling_keeps_the_target_law_under_every_schedule_and_path(kind, sched
     check_sampled_law(kind, schedule, path, drafting, profile, case, monkeypatch)
 
 
+@pytest.mark.chi2
+@pytest.mark.parametrize("path", ["generate", "engine-4"])
+def test_dcut_probes_verifying_a_first_draft_their_cut_drops_keep_the_target_law(path, monkeypatch):
+    """Every round a probe (D-cut expects no round to pay and explores each), with a confidently wrong drafter under
+    the steep profile, where the cut alone verifies little: the first draft a probe verifies whatever its confidence
+    goes through rejection sampling like any other."""
+    monkeypatch.setattr(policies.DCut, "drafting_pays", lambda self, budget, backlog: False)
+    monkeypatch.setattr(policies.DCut, "may_explore", lambda self, count, budget, backlog: True)
+    check_sampled_law("mtp", "dcut", path, "adversarial", STEEP_PROFILE, 21, monkeypatch, pin_drafting=False)
+
+
 # A verify forward of 100 s: every drafted token pays, whatever the drafting takes on a loaded machine.
 FLAT_PROFILE = VerifyCostModel(rows=[1, 64], tokens=[1, 32], seconds=[[100.0, 100.1], [100.0, 100.1]], context=128)
 

@@ -197,10 +197,10 @@ def draw_rows(probabilities: torch.Tensor, generators: list[torch.Generator | No
 def inverse_cdf(probabilities: torch.Tensor, uniforms: torch.Tensor) -> torch.LongTensor:
     """Per row of `probabilities` [n, V], the token where its CDF passes `uniforms` [n] (in [0, 1)) times the row's
     mass, in two levels: the block of `CDF_BLOCK` tokens where the cumulative block mass passes it (block masses
-    summed in float32), then the token where the block's float64 CDF passes the same share of the block. A float64
-    CDF over the whole vocabulary cost 3.3 ms a step of sampled regeneration (48 rows, a 49k vocabulary, a CPU),
-    this a tenth of that. A token of zero probability is never drawn, also where rounding puts the point past a
-    block's or the row's last mass."""
+    summed in float32), then the token where the block's float64 CDF passes the same share of the block. For a step
+    of sampled regeneration (48 rows, a 49k vocabulary, a 2-core CPU) a float64 CDF over the whole vocabulary took
+    1.4-11.6 ms, this 0.4-0.5 ms (`benchmarks/issue36/regen_share/draw_cost.py`, five runs). A token of zero
+    probability is never drawn, also where rounding puts the point past a block's or the row's last mass."""
     rows, vocab = probabilities.shape
     if vocab % CDF_BLOCK:
         probabilities = torch.nn.functional.pad(probabilities, (0, CDF_BLOCK - vocab % CDF_BLOCK))
