@@ -144,8 +144,8 @@ print(
 )
 print(
     f"rounds {stats.rounds} (mean rows {tokens / max(stats.rounds, 1):.1f}); forwards {forward:.1f} s, rest of the "
-    f"rounds {steps - forward:.1f} s, prefills {prefill:.1f} s ({stats.reused_prefills} reused), "
-    f"outside the engine's clocks {seconds - steps - prefill:.1f} s"
+    f"rounds {steps - forward - probe_seconds[0]:.1f} s, prefills {prefill:.1f} s ({stats.reused_prefills} reused), "
+    f"outside the engine's clocks {seconds - (steps - probe_seconds[0]) - prefill:.1f} s"
 )
 print(
     f"compaction at {getattr(engine_module, 'COMPACT_AT', RaggedCache.compact.__defaults__[0])} of the columns: mean width "
