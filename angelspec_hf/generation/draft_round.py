@@ -208,8 +208,8 @@ def inverse_cdf(probabilities: torch.Tensor, uniforms: torch.Tensor) -> torch.Lo
     block_cdf = blocks.sum(-1).double().cumsum(-1)
     point = uniforms.double() * block_cdf[:, -1]
     block = _invert(block_cdf, point)
-    before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)[:, None])[:, 0], 0.0)
-    mass = block_cdf.gather(1, block[:, None])[:, 0] - before
+    edges = torch.nn.functional.pad(block_cdf, (1, 0)).gather(1, torch.stack([block, block + 1], 1))
+    before, mass = edges[:, 0], edges[:, 1] - edges[:, 0]  # the mass before the chosen block, and its own
     within = blocks[torch.arange(rows, device=blocks.device), block].double().cumsum(-1)
     share = ((point - before) / mass).nan_to_num(0.0)
     return block * CDF_BLOCK + _invert(within, share * within[:, -1])

@@ -1,6 +1,6 @@
 """Where a router round's time goes, member by member, against the suffix drafter alone: both decode the same prompts
 (greedy, D-cut, `generate(assistant_model=...)` as the suite runs them, no profiler), and for the router each member's
-drafting calls are timed (rounds drafted, tries among them, tokens read, seconds), beside the rounds' wall time.
+drafting calls are counted and timed (calls, tokens read, seconds), beside the rounds' wall time.
 
     .venv/bin/python benchmarks/issue36/router_overhead/members.py summarization 8
 """
@@ -9,15 +9,10 @@ import sys
 import time
 from collections import defaultdict
 
-import torch
+from own_time import decoding_setup, warm_dcut_drafter
 
-import angelspec_hf
-from angelspec_hf.benchmark.suite import domain_or_set_prompts
-from angelspec_hf.generation.policies import resolve_policy
 from angelspec_hf.generation.session import memory_of
-from angelspec_hf.hub import load_drafter
 from angelspec_hf.models.router import modeling_router
-from angelspec_hf.prompts import encode_chat
 
 
 calls = defaultdict(lambda: [0, 0.0, 0])  # member: drafting calls, seconds, tokens read (the widest row's)
@@ -36,20 +31,11 @@ def timed_draft_with(self, m, state, rows, *args):
 
 
 def main():
-    domain, limit = sys.argv[1], int(sys.argv[2])
-    target = angelspec_hf.load_target("smollm2")
-    model, tokenizer = target.model, target.tokenizer
-    encoded = [
-        torch.tensor([encode_chat(tokenizer, p)]) for p in domain_or_set_prompts(domain, limit, "../shared/data")
-    ]
-    stop = {"max_new_tokens": 128, "min_new_tokens": 0, "do_sample": False}
+    model, tokenizer, encoded, stop = decoding_setup(sys.argv[1], int(sys.argv[2]))
     modeling_router.RouterDrafter._draft_with = timed_draft_with
     outputs = {}
     for name in ("suffix", "router", "suffix", "router"):
-        drafter = load_drafter(f"smollm2-135m-instruct-{name}", model, tokenizer)
-        for key, value in resolve_policy("dcut", drafter).generation_settings().items():
-            setattr(drafter.generation_config, key, value)
-        model.generate(encoded[0], max_new_tokens=4, do_sample=False, assistant_model=drafter)
+        drafter = warm_dcut_drafter(name, model, tokenizer, encoded[0])
         calls.clear()
         seconds, rounds, tokens, texts = 0.0, 0, 0, []
         for input_ids in encoded:

@@ -30,20 +30,30 @@ def own_times(profile: cProfile.Profile) -> dict[str, float]:
     return times
 
 
-def main():
-    domain, limit = sys.argv[1], int(sys.argv[2])
+def decoding_setup(domain: str, limit: int):
+    """(target model, tokenizer, the first `limit` prompts of `domain` chat-encoded, greedy 128-token settings)."""
     target = angelspec_hf.load_target("smollm2")
     model, tokenizer = target.model, target.tokenizer
     encoded = [
         torch.tensor([encode_chat(tokenizer, p)]) for p in domain_or_set_prompts(domain, limit, "../shared/data")
     ]
-    stop = {"max_new_tokens": 128, "min_new_tokens": 0, "do_sample": False}
+    return model, tokenizer, encoded, {"max_new_tokens": 128, "min_new_tokens": 0, "do_sample": False}
+
+
+def warm_dcut_drafter(name: str, model, tokenizer, input_ids: torch.Tensor):
+    """The shipped card `smollm2-135m-instruct-<name>` under D-cut, warmed up on a few tokens of `input_ids`."""
+    drafter = load_drafter(f"smollm2-135m-instruct-{name}", model, tokenizer)
+    for key, value in resolve_policy("dcut", drafter).generation_settings().items():
+        setattr(drafter.generation_config, key, value)
+    model.generate(input_ids, max_new_tokens=4, do_sample=False, assistant_model=drafter)
+    return drafter
+
+
+def main():
+    model, tokenizer, encoded, stop = decoding_setup(sys.argv[1], int(sys.argv[2]))
     per_round = {}
     for name in ("suffix", "router"):
-        drafter = load_drafter(f"smollm2-135m-instruct-{name}", model, tokenizer)
-        for key, value in resolve_policy("dcut", drafter).generation_settings().items():
-            setattr(drafter.generation_config, key, value)
-        model.generate(encoded[0], max_new_tokens=4, do_sample=False, assistant_model=drafter)
+        drafter = warm_dcut_drafter(name, model, tokenizer, encoded[0])
         profile, rounds = cProfile.Profile(), 0
         for input_ids in encoded:
             profile.enable()
