@@ -396,11 +396,15 @@ def test_a_matching_suffix_member_drafts_even_where_its_bucket_record_loses_and_
     assert routing.plan(state) < 0
 
 
-def test_the_suffix_member_reads_the_backlog_before_the_router_weighs_it():
+def test_the_suffix_member_reads_the_backlog_before_the_router_weighs_it(monkeypatch):
     """Through rounds the router does not draft, the suffix member still reads what was verified (when the router is
     asked what the next round promises), so its outlook sees the prompt: otherwise a request that starts with no try
-    due would be judged by an empty index and never drafted. The drafting round after reads each token once."""
+    due would be judged by an empty index and never drafted. The drafting round after reads each token once. Reading
+    is the member's `read` (index updates), never a drafting call: only the round it drafts calls its `propose`."""
     target, router, routing = priced_router(shared_index_max_tokens=0)
+    suffix_proposals = []
+    propose = router.members[2].propose
+    monkeypatch.setattr(router.members[2], "propose", lambda *a, **k: suffix_proposals.append(1) or propose(*a, **k))
     state = router.new_draft_state(1)
     text = [7, 8, 9, 10, 11, 12, 7, 8, 9]
     routing.plan(state, [text[:4]])
@@ -417,6 +421,7 @@ def test_the_suffix_member_reads_the_backlog_before_the_router_weighs_it():
     drafting = DraftRound(torch.ones(1), [False])
     ids, _ = router.propose(state, hidden, torch.tensor([text + [10]]), 3, choose=drafting)
     assert drafting.sources.tolist() == [2]  # D-cut reads the suffix member's calibration for this row
+    assert len(suffix_proposals) == 1  # the plans before read the backlog without drafting calls
     assert state.members[2].rows[0].tokens == text + [10]  # the read-ahead is not read again
     assert ids[0].tolist() == [11, 12, 7]
     assert drafting.max_steps == 3  # D-cut's early exit weighs the suffix member's steps only

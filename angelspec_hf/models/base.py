@@ -426,6 +426,12 @@ class AngelSpecDrafterPreTrainedModel(PreTrainedModel):
         for a drafter without one. A router's routing policy ranks members by their record at each outlook."""
         return None
 
+    def read(self, state, rows: list[int], tokens: list[list[int]]) -> None:
+        """Read verified tokens into rows `rows` of `state` without drafting (`tokens[i]` for row `rows[i]`): what a
+        router asks of a member that `reads_for_free` on the rounds it drafts with another, and before it weighs
+        them, so that the member's `outlook` stays current at the cost of its index updates alone."""
+        raise NotImplementedError(f"{type(self).__name__} does not read for free (reads_for_free is False)")
+
     def promised_gain(self, state, pending: list[list[int]] | None = None) -> float | None:
         """The fraction of a round's time the next drafting round of `state` is expected to save, its catch-up on
         verified tokens included (`pending[r]`: the tokens row r verified since the drafter last read), for a drafter

@@ -344,9 +344,16 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
             row.read_ahead = len(tokens)
             for m in free:
                 row.members[m].tokens.extend(new)
-                row.members[m].hidden.append(())  # a free reader reads tokens only, no target states
         for m in free:
-            self._draft_with(m, state, list(range(len(state.rows))), 0, None, None, False)
+            self._read_with(m, state, list(range(len(state.rows))))
+
+    def _read_with(self, m: int, state: RouterDraftState, rows: list[int]) -> None:
+        """Member m, which reads for free, reads what `rows` verified since it last read them, drafting nothing
+        (`read`: no padded batch, no drafting call, only its index updates)."""
+        pending = [state.rows[r].members[m] for r in rows]
+        self.members[m].read(state.members[m], rows, [own.tokens for own in pending])
+        for own in pending:
+            own.tokens, own.hidden = [], []
 
     # -- drafting ---------------------------------------------------------------------------------------------------
 
@@ -396,7 +403,7 @@ class RouterDrafter(AngelSpecDrafterPreTrainedModel):
         for m, member in enumerate(self.members):  # a member that reads for free keeps its outlook current
             rows = [r for r in range(batch) if chosen[r] != m]
             if member.reads_for_free and rows:
-                self._draft_with(m, state, rows, 0, choose, keep_drafting, sampled)
+                self._read_with(m, state, rows)
         for row, m, length in zip(state.rows, chosen, lengths):
             row.last_member = m
             for other, own in enumerate(row.members):

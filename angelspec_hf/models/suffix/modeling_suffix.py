@@ -534,6 +534,10 @@ class SuffixDrafter(AngelSpecDrafterPreTrainedModel):
         matched = any(self.outlook(state, r, []) for r in range(len(state.rows)))
         return FREE_ROUND_GAIN if matched else 0.0
 
+    def read(self, state: SuffixDraftState, rows: list[int], tokens: list[list[int]]) -> None:
+        for r, new in zip(rows, tokens):
+            state.rows[r].extend(new)
+
     def outlook(self, state: SuffixDraftState, row: int, pending_tokens: list[int]) -> int:
         """The length of the longest earlier match of row `row`'s context (its tokens, then `pending_tokens`)."""
         index = state.rows[row]

@@ -1,6 +1,7 @@
 """Where a router round's time goes, member by member, against the suffix drafter alone: both decode the same prompts
 (greedy, D-cut, `generate(assistant_model=...)` as the suite runs them, no profiler), and for the router each member's
-drafting calls are counted and timed (calls, tokens read, seconds), beside the rounds' wall time.
+drafting calls and its free readers' reading calls (`_read_with`) are counted and timed (calls, tokens read,
+seconds), beside the rounds' wall time.
 
     .venv/bin/python benchmarks/issue36/router_overhead/members.py summarization 8
 """
@@ -15,24 +16,30 @@ from angelspec_hf.generation.session import memory_of
 from angelspec_hf.models.router import modeling_router
 
 
-calls = defaultdict(lambda: [0, 0.0, 0])  # member: drafting calls, seconds, tokens read (the widest row's)
-_draft_with = modeling_router.RouterDrafter._draft_with
+calls = defaultdict(lambda: [0, 0.0, 0])  # (member, call): calls, seconds, tokens read (the widest row's)
 
 
-def timed_draft_with(self, m, state, rows, *args):
-    width = max(len(state.rows[r].members[m].tokens) for r in rows)
-    start = time.perf_counter()
-    result = _draft_with(self, m, state, rows, *args)
-    record = calls[self.config.member_names[m]]
-    record[0] += 1
-    record[1] += time.perf_counter() - start
-    record[2] += width
-    return result
+def timed(call):
+    """`RouterDrafter._draft_with` or `_read_with`, counted and timed per member."""
+    original = getattr(modeling_router.RouterDrafter, call)
+
+    def timed_call(self, m, state, rows, *args):
+        width = max(len(state.rows[r].members[m].tokens) for r in rows)
+        start = time.perf_counter()
+        result = original(self, m, state, rows, *args)
+        record = calls[self.config.member_names[m], call.strip("_").replace("_with", "ing")]
+        record[0] += 1
+        record[1] += time.perf_counter() - start
+        record[2] += width
+        return result
+
+    return timed_call
 
 
 def main():
     model, tokenizer, encoded, stop = decoding_setup(sys.argv[1], int(sys.argv[2]))
-    modeling_router.RouterDrafter._draft_with = timed_draft_with
+    for call in ("_draft_with", "_read_with"):
+        setattr(modeling_router.RouterDrafter, call, timed(call))
     outputs = {}
     for name in ("suffix", "router", "suffix", "router"):
         drafter = warm_dcut_drafter(name, model, tokenizer, encoded[0])
@@ -51,9 +58,9 @@ def main():
             f"{tokens / rounds:.2f} tokens a round, {tokens / seconds:.1f} tokens/s",
             flush=True,
         )
-        for member, (count, spent, read) in sorted(calls.items()):
+        for (member, call), (count, spent, read) in sorted(calls.items()):
             print(
-                f"  {member}: {count} drafting calls reading {read} tokens, {spent:.2f} s "
+                f"  {member}: {count} {call} calls reading {read} tokens, {spent:.2f} s "
                 f"({spent / rounds * 1e3:.2f} ms a round)"
             )
     print("outputs identical:", outputs["suffix"] == outputs["router"])
