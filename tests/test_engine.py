@@ -421,9 +421,8 @@ def test_dcut_reprobes_a_drafter_whose_probe_costs_more_than_one_run_affords():
     profile = VerifyCostModel(rows=[1], tokens=[1, 2, 4, 64], seconds=[[1.0, 1.5, 2.5, 4.0]], context=0)
     estimates = DrafterEstimates(read_ratio=0.5, depth_confidence=torch.zeros(3, dtype=torch.float64))
     probed_runs = []
-    for run in range(
-        12
-    ):  # runs of 30 rounds (30 s at the no-draft cost); a probe costs 2.5 s, 0.75 s of it the backlog
+    # runs of 30 rounds (30 s at the no-draft cost); a probe costs 2.5 s, 0.75 s of it the backlog
+    for run in range(12):
         policy = DCut(3, cost_model=profile)
         policy.estimates = estimates
         row = [policy.new_row()]

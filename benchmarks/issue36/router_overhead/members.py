@@ -16,7 +16,8 @@ from angelspec_hf.generation.session import memory_of
 from angelspec_hf.models.router import modeling_router
 
 
-calls = defaultdict(lambda: [0, 0.0, 0])  # (member, call): calls, seconds, tokens read (the widest row's)
+calls = defaultdict(lambda: [0, 0.0, 0])  # (member, kind): calls, seconds, tokens read (the widest row's)
+KINDS = {"_draft_with": "drafting", "_read_with": "reading"}  # the router's calls into its members
 
 
 def timed(call):
@@ -27,7 +28,7 @@ def timed(call):
         width = max(len(state.rows[r].members[m].tokens) for r in rows)
         start = time.perf_counter()
         result = original(self, m, state, rows, *args)
-        record = calls[self.config.member_names[m], call.strip("_").replace("_with", "ing")]
+        record = calls[self.config.member_names[m], KINDS[call]]
         record[0] += 1
         record[1] += time.perf_counter() - start
         record[2] += width
@@ -38,7 +39,7 @@ def timed(call):
 
 def main():
     model, tokenizer, encoded, stop = decoding_setup(sys.argv[1], int(sys.argv[2]))
-    for call in ("_draft_with", "_read_with"):
+    for call in KINDS:
         setattr(modeling_router.RouterDrafter, call, timed(call))
     outputs = {}
     for name in ("suffix", "router", "suffix", "router"):
